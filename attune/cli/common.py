@@ -1,0 +1,63 @@
+"""Flags shared by sub-commands: a recipe with --set / --cluster / --model-spec overrides, JSON output."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from attune.errors import InputError
+from attune.layout import apply_levers
+from attune.levers import lever_catalog, parse_set_flags
+from attune.recipe import Recipe, load_recipe, recipe_from_dict, recipe_to_dict
+from attune.spec import parse_cluster_flag
+
+
+def add_recipe_arguments(parser: argparse.ArgumentParser, with_set: bool = True) -> None:
+    parser.add_argument("recipe", help="recipe TOML file")
+    if with_set:
+        parser.add_argument("--set", action="append", metavar="LEVER=VALUE", default=[],
+                            help="override a config field (repeatable), e.g. --set parallelism.tensor_parallel_degree=4")
+    parser.add_argument("--cluster", metavar="ACCEL:COUNT", help="run on another cluster, e.g. h200:128")
+    parser.add_argument("--model-spec", metavar="FILE", help="model spec file (JSON/TOML) replacing the recipe's model")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+
+
+def recipe_from_args(args: argparse.Namespace) -> Recipe:
+    """The recipe named on the command line with its overrides applied and re-validated.
+
+    Lever overrides go through apply_levers (so compensations apply: the global batch and world size
+    hold); other fields are set as given.
+    """
+    recipe = load_recipe(args.recipe)
+    if getattr(args, "model_spec", None):
+        recipe = recipe.with_model_spec(args.model_spec)
+    if getattr(args, "cluster", None):
+        recipe = recipe.on_cluster(parse_cluster_flag(args.cluster, recipe.cluster))
+        recipe = _revalidate(recipe, "--cluster")
+    sets = parse_set_flags(getattr(args, "set", None))
+    if sets:
+        catalog = lever_catalog()
+        moves = {k: v for k, v in sets.items() if k in catalog and (catalog[k].speed_only or catalog[k].numerics)}
+        config = dict(recipe.config) | {k: v for k, v in sets.items() if k not in moves}
+        if moves:
+            config = apply_levers(config, moves, recipe.architecture, recipe.cluster)
+        recipe = _revalidate(recipe.with_config(config), "--set")
+    return recipe
+
+
+def _revalidate(recipe: Recipe, flag: str) -> Recipe:
+    try:
+        return recipe_from_dict(recipe_to_dict(recipe), origin=flag)
+    except InputError as err:
+        raise InputError(err.field, err.rule) from None
+
+
+def emit(payload: Any, as_json: bool, text: str | None = None) -> None:
+    """JSON on stdout with --json, else the human text (or pretty JSON when there is none)."""
+    if as_json or text is None:
+        json.dump(payload, sys.stdout, indent=None if as_json else 2, default=str)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(text.rstrip("\n") + "\n")

@@ -1,0 +1,142 @@
+"""Recipe: a model, a cluster, a stack and the torchtitan config fields that define one training job.
+
+Recipe files are TOML in the shape documented in the README; `load_recipe` reads them and
+`dump_recipe` writes one the same tools accept again.
+"""
+
+from __future__ import annotations
+
+import functools
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from attune.errors import InputError
+from attune.layout import Layout, resolve_layout
+from attune.levers import Scalar
+from attune.spec import ClusterSpec, ModelSpec, StackSpec, catalog_model, load_model_spec
+from attune.validation import first_error
+
+
+class TorchtitanLaunch(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    module: str
+    config: str
+
+
+class Recipe(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    model: str | None = None
+    model_spec: str | None = None  # path to a JSON/TOML spec, absolute once loaded
+    cluster: ClusterSpec
+    stack: StackSpec
+    torchtitan: TorchtitanLaunch | None = None
+    config: dict[str, Scalar] = {}
+
+    @model_validator(mode="after")
+    def _one_model(self) -> "Recipe":
+        if (self.model is None) == (self.model_spec is None):
+            raise ValueError("exactly one of `model` (a catalog name) or `model_spec` (a file) is required")
+        return self
+
+    @property
+    def architecture(self) -> ModelSpec:
+        if self.model_spec is not None:
+            path = Path(self.model_spec)
+            return _spec_from_file(str(path), path.stat().st_mtime if path.is_file() else 0.0)
+        return catalog_model(self.model)
+
+    @property
+    def model_name(self) -> str:
+        return self.model if self.model is not None else self.architecture.name
+
+    def layout(self) -> Layout:
+        return resolve_layout(self.config, self.architecture, self.cluster)
+
+    def with_config(self, config: dict[str, Scalar], name: str | None = None) -> "Recipe":
+        return self.model_copy(update={"config": dict(config), "name": name or self.name})
+
+    def on_cluster(self, cluster: ClusterSpec) -> "Recipe":
+        return self.model_copy(update={"cluster": cluster})
+
+    def with_model_spec(self, path: str | Path) -> "Recipe":
+        path = Path(path).resolve()
+        load_model_spec(path)  # fail now, with the file's own error
+        return self.model_copy(update={"model": None, "model_spec": str(path)})
+
+
+@functools.lru_cache(maxsize=64)
+def _spec_from_file(path: str, _mtime: float) -> ModelSpec:
+    return load_model_spec(path)
+
+
+def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Scalar]:
+    """`[config]` keys may be written quoted ("a.b" = 1) or as nested tables (a.b = 1): both mean a.b."""
+    out: dict[str, Scalar] = {}
+    for key, value in table.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out |= _flatten(value, dotted + ".")
+        elif isinstance(value, (list, tuple)):
+            raise InputError(f"config.{dotted}", "recipe config values must be scalars")
+        else:
+            out[dotted] = value
+    return out
+
+
+def recipe_from_dict(raw: dict[str, Any], base_dir: Path | None = None, origin: str = "recipe") -> Recipe:
+    raw = dict(raw)
+    if isinstance(raw.get("config"), dict):
+        raw["config"] = _flatten(raw["config"])
+    if raw.get("model_spec") and base_dir is not None:
+        raw["model_spec"] = str((base_dir / raw["model_spec"]).resolve())
+    try:
+        recipe = Recipe(**raw)
+    except ValidationError as err:
+        field, rule = first_error(err)
+        raise InputError(f"{origin}: {field}" if field else origin, rule) from None
+    try:
+        recipe.architecture  # a missing or bad spec file fails here, with its own message
+        recipe.layout()
+    except InputError as err:
+        raise InputError(f"{origin}: {err.field}", err.rule) from None
+    return recipe
+
+
+def load_recipe(path: Path | str) -> Recipe:
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(str(path), "recipe file not found")
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise InputError(str(path), f"not valid TOML ({err})") from None
+    return recipe_from_dict(raw, base_dir=path.parent, origin=str(path))
+
+
+def recipe_to_dict(recipe: Recipe) -> dict[str, Any]:
+    data = recipe.model_dump(exclude_none=True)
+    data["cluster"] = recipe.cluster.model_dump(exclude_none=True)
+    data["stack"] = recipe.stack.model_dump(exclude_none=True)
+    ordered = {k: data[k] for k in ("name", "model", "model_spec", "cluster", "stack", "torchtitan", "config")
+               if k in data}
+    return ordered
+
+
+def dump_recipe(recipe: Recipe) -> str:
+    return tomli_w.dumps(recipe_to_dict(recipe))
+
+
+def write_recipe(recipe: Recipe, path: Path | str) -> Path:
+    """Write atomically (temp file then rename): a reader never sees half a recipe."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(dump_recipe(recipe))
+    tmp.replace(path)
+    return path

@@ -1,0 +1,65 @@
+"""The lever space of one recipe: which values each speed lever may take, and every valid layout.
+
+Objective fields (global batch, sequence length, optimizer, ...) stay as the recipe sets them.
+The space is the same for every planner and for the oracle, so their results are comparable.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+from attune.layout import (AC_MODE, COMPILE, CP, DP_REPLICATE, EP, FLOAT8, LOCAL_BATCH, PP, PP_MICROBATCH,
+                           PP_SCHEDULE, TP, Layout, layout_violations, resolve_layout, with_layout)
+from attune.levers import Scalar, lever
+from attune.recipe import Recipe
+
+
+def lever_domains(recipe: Recipe) -> dict[str, list[Scalar]]:
+    """Candidate values per speed lever, already narrowed by what the model and cluster allow."""
+    model, cluster, base = recipe.architecture, recipe.cluster, recipe.layout()
+    gpus = cluster.gpus
+
+    def ints(key: str, keep) -> list[int]:
+        return [v for v in lever(key).values if gpus % v == 0 and keep(v)]
+
+    domains: dict[str, list[Scalar]] = {
+        TP: ints(TP, lambda v: model.n_heads % v == 0 and model.n_kv_heads % v == 0),
+        PP: ints(PP, lambda v: v <= model.n_layers),
+        CP: ints(CP, lambda v: base.seq_len % v == 0),
+        EP: ints(EP, lambda v: v == 1 or (model.is_moe and model.n_experts % v == 0)),
+        DP_REPLICATE: ints(DP_REPLICATE, lambda v: True),
+        LOCAL_BATCH: [v for v in lever(LOCAL_BATCH).values if base.global_batch % v == 0],
+        PP_SCHEDULE: list(lever(PP_SCHEDULE).values),
+        PP_MICROBATCH: list(lever(PP_MICROBATCH).values),
+        AC_MODE: list(lever(AC_MODE).values),
+        COMPILE: list(lever(COMPILE).values),
+        FLOAT8: list(lever(FLOAT8).values) if cluster.part.supports_float8 else ["none"],
+    }
+    return domains
+
+
+def iter_layouts(recipe: Recipe) -> Iterator[Layout]:
+    """Every valid layout of the recipe's lever space (pipeline-only levers only vary when pp > 1)."""
+    model, cluster, base = recipe.architecture, recipe.cluster, recipe.layout()
+    d = lever_domains(recipe)
+    for tp, pp, cp, ep, dpr in itertools.product(d[TP], d[PP], d[CP], d[EP], d[DP_REPLICATE]):
+        rest, rem = divmod(cluster.gpus, tp * pp * cp * dpr)
+        if rem or rest < 1:
+            continue
+        pipeline = itertools.product(d[PP_SCHEDULE], d[PP_MICROBATCH]) if pp > 1 else [("1F1B", 1)]
+        for (schedule, mb), local, ac, comp, f8 in itertools.product(
+                pipeline, d[LOCAL_BATCH], d[AC_MODE], d[COMPILE], d[FLOAT8]):
+            layout = with_layout(base, tp=tp, pp=pp, cp=cp, ep=ep, dp_replicate=dpr, dp_shard=rest,
+                                 local_batch=local, pp_schedule=schedule, pp_microbatch=mb, ac_mode=ac,
+                                 compile=comp, float8=f8)
+            if not layout_violations(layout, model, cluster):
+                yield layout
+
+
+def layout_config(recipe: Recipe, layout: Layout) -> dict[str, Scalar]:
+    """The recipe's config with this layout's levers written in (global batch pinned explicitly)."""
+    config = dict(recipe.config) | layout.levers()
+    config["training.global_batch_size"] = layout.global_batch
+    resolve_layout(config, recipe.architecture, recipe.cluster)
+    return config

@@ -1,0 +1,76 @@
+"""Layout rules and lever moves with their compensations."""
+
+import pytest
+
+from attune.errors import InputError
+from attune.layout import (DP_SHARD, GLOBAL_BATCH, LOCAL_BATCH, TP, apply_levers, resolve_layout)
+from attune.spec import ClusterSpec, catalog_model
+
+H100_8 = ClusterSpec(accelerator="h100", gpus=8)
+H100_64 = ClusterSpec(accelerator="h100", gpus=64)
+LLAMA8 = catalog_model("llama3.1-8b")
+QWEN30 = catalog_model("qwen3-30b-a3b")
+
+
+def test_dp_shard_takes_what_is_left_and_global_batch_defaults_to_local_times_dp():
+    layout = resolve_layout({TP: 2, LOCAL_BATCH: 2}, LLAMA8, H100_8)
+    assert (layout.dp_shard, layout.global_batch, layout.grad_accum) == (4, 8, 1)
+    assert layout.world == 8
+
+
+@pytest.mark.parametrize("config, field", [
+    ({TP: 3}, DP_SHARD),                                          # 3 does not divide 8 GPUs
+    ({DP_SHARD: 2}, DP_SHARD),                                    # world 2 != 8
+    ({"parallelism.pipeline_parallel_degree": 8, "parallelism.pipeline_parallel_schedule": "Interleaved1F1B",
+      "parallelism.pipeline_parallel_microbatch_size": 3, LOCAL_BATCH: 4}, "parallelism.pipeline_parallel_microbatch_size"),
+    ({"parallelism.context_parallel_degree": 8, "training.seq_len": 1020}, "parallelism.context_parallel_degree"),
+    ({"parallelism.expert_parallel_degree": 2}, "parallelism.expert_parallel_degree"),   # dense model
+    ({GLOBAL_BATCH: 12, LOCAL_BATCH: 1}, LOCAL_BATCH),            # 12 not a multiple of 1 x 8
+])
+def test_invalid_layouts_name_the_field(config, field):
+    with pytest.raises(InputError) as err:
+        resolve_layout(config, LLAMA8, H100_8)
+    assert err.value.field == field
+
+
+def test_tp_must_divide_kv_heads():
+    with pytest.raises(InputError) as err:
+        resolve_layout({TP: 8}, QWEN30, H100_64)   # qwen3-30b-a3b has 4 kv heads
+    assert err.value.field == TP and "n_kv_heads=4" in err.value.rule
+
+
+def test_smaller_local_batch_raises_grad_accum_and_holds_global_batch():
+    base = {LOCAL_BATCH: 4}
+    moved = apply_levers(base, {LOCAL_BATCH: 1}, LLAMA8, H100_8)
+    before, after = resolve_layout(base, LLAMA8, H100_8), resolve_layout(moved, LLAMA8, H100_8)
+    assert after.global_batch == before.global_batch == 32
+    assert (before.grad_accum, after.grad_accum) == (1, 4)
+    assert moved[GLOBAL_BATCH] == 32
+
+
+def test_shrinking_tp_grows_explicit_dp_shard_so_world_size_holds():
+    base = {TP: 4, DP_SHARD: 2, LOCAL_BATCH: 1, GLOBAL_BATCH: 8}
+    moved = apply_levers(base, {TP: 2}, LLAMA8, H100_8)
+    assert moved[DP_SHARD] == 4
+    after = resolve_layout(moved, LLAMA8, H100_8)
+    assert after.world == 8 and after.global_batch == 8 and after.grad_accum == 2
+
+
+def test_growing_tp_that_breaks_the_global_batch_is_refused():
+    # global batch 4 = 1 x dp 4; tp 1 -> dp 8 would need global >= 8
+    with pytest.raises(InputError):
+        apply_levers({TP: 2, LOCAL_BATCH: 1}, {TP: 1}, LLAMA8, H100_8)
+
+
+def test_objective_fields_cannot_be_moved():
+    with pytest.raises(InputError) as err:
+        apply_levers({}, {"training.seq_len": 4096}, LLAMA8, H100_8)
+    assert "not a speed lever" in err.value.rule
+    with pytest.raises(InputError):
+        apply_levers({}, {"optimizer.lr": 1e-3}, LLAMA8, H100_8)
+
+
+def test_float8_needs_float8_tensor_cores():
+    with pytest.raises(InputError) as err:
+        resolve_layout({"quantize.float8": "rowwise"}, LLAMA8, ClusterSpec(accelerator="a100", gpus=8))
+    assert err.value.field == "quantize.float8"

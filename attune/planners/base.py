@@ -1,0 +1,52 @@
+"""The interface every planner implements, and what a planner is allowed to see.
+
+A planner sees the baseline recipe, the lever space, the measured trials so far (levers, result,
+diagnosis), the incumbent and the remaining budget. It never sees simulated ground truth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from attune.levers import Scalar
+from attune.recipe import Recipe
+from attune.stacks.base import TrialResult
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One finished trial as a planner sees it."""
+    levers: dict[str, Scalar]               # the full resolved lever assignment measured
+    result: TrialResult
+    diagnosis: list[str] = field(default_factory=list)   # symptom ids, e.g. "oom", "exposed_comm_fsdp"
+    move: dict[str, Scalar] | None = None   # the lever(s) changed from the parent, when one-lever planning
+
+
+@dataclass(frozen=True)
+class PlannerView:
+    recipe: Recipe                          # the baseline recipe (objective fields fixed)
+    domains: dict[str, list[Scalar]]        # attune.space.lever_domains(recipe)
+    history: list[Observation]
+    incumbent: dict[str, Scalar]            # levers of the best verified-so-far layout
+    incumbent_tps: float
+    noise_band: float                       # relative gain a candidate must clear
+    budget_left_gpu_hours: float
+    trial_cost_gpu_hours: Any = None        # callable(levers) -> estimated GPU-hours of one trial
+
+
+@dataclass(frozen=True)
+class Proposal:
+    levers: dict[str, Scalar]               # the full lever assignment to measure next
+    rationale: str = ""
+    move: dict[str, Scalar] | None = None   # what changed vs the incumbent (one lever + compensation)
+    lesson_id: str | None = None
+    expected_gain: float | None = None
+
+
+class Planner(Protocol):
+    name: str
+
+    def propose(self, view: PlannerView) -> Proposal | None:
+        """The next trial, or None when the planner has nothing left worth measuring."""
+        ...

@@ -1,0 +1,1 @@
+"""Stacks: where trials run (sim, torchtitan). Each returns a TrialResult; see base.py."""

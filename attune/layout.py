@@ -183,3 +183,31 @@ def apply_levers(config: dict[str, Scalar], moves: dict[str, Scalar], model: Mod
 
 def with_layout(layout: Layout, **changes: Any) -> Layout:
     return replace(layout, **changes)
+
+
+def adapt_to_cluster(config: dict[str, Scalar], model: ModelSpec,
+                     cluster: ClusterSpec) -> tuple[dict[str, Scalar], dict[str, tuple[Scalar, Scalar]]]:
+    """Fit a recipe's explicit degrees to another cluster: dp_shard re-derived, then the largest
+    degree that no longer fits halved until the layout is valid. Objective fields are untouched.
+
+    Returns the new config and what changed ({field: (old, new)}); InputError if nothing fits.
+    """
+    new = dict(config)
+    if new.get(DP_SHARD, -1) != -1:
+        new[DP_SHARD] = -1
+    for _ in range(32):
+        layout = resolve_layout(new, model, cluster, check=False)
+        problems = layout_violations(layout, model, cluster)
+        if not problems:
+            break
+        degrees = {TP: layout.tp, PP: layout.pp, CP: layout.cp, DP_REPLICATE: layout.dp_replicate, EP: layout.ep}
+        field = problems[0][0]
+        if field not in degrees or degrees[field] == 1:
+            field = max(degrees, key=lambda k: degrees[k])
+        if degrees[field] == 1:
+            raise InputError(*problems[0])
+        new[field] = max(1, degrees[field] // 2)
+    else:
+        raise InputError(*problems[0])
+    changes = {k: (config.get(k, lever(k).default), new[k]) for k in new if new[k] != config.get(k, lever(k).default)}
+    return new, changes

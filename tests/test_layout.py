@@ -74,3 +74,12 @@ def test_float8_needs_float8_tensor_cores():
     with pytest.raises(InputError) as err:
         resolve_layout({"quantize.float8": "rowwise"}, LLAMA8, ClusterSpec(accelerator="a100", gpus=8))
     assert err.value.field == "quantize.float8"
+
+
+def test_adapt_to_a_smaller_cluster_halves_what_no_longer_fits():
+    from attune.layout import PP, adapt_to_cluster
+    config = {TP: 8, PP: 8, DP_SHARD: 2, LOCAL_BATCH: 1, GLOBAL_BATCH: 16}
+    new, changes = adapt_to_cluster(config, catalog_model("llama3.1-405b"), H100_8)
+    layout = resolve_layout(new, catalog_model("llama3.1-405b"), H100_8)
+    assert layout.world == 8 and layout.global_batch == 16
+    assert DP_SHARD in changes and (TP in changes or PP in changes)

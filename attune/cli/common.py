@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from attune.errors import InputError
-from attune.layout import apply_levers
+from attune.layout import adapt_to_cluster, apply_levers
 from attune.levers import lever_catalog, parse_set_flags
 from attune.recipe import Recipe, load_recipe, recipe_from_dict, recipe_to_dict
 from attune.spec import parse_cluster_flag
@@ -35,7 +35,8 @@ def recipe_from_args(args: argparse.Namespace) -> Recipe:
         recipe = recipe.with_model_spec(args.model_spec)
     if getattr(args, "cluster", None):
         recipe = recipe.on_cluster(parse_cluster_flag(args.cluster, recipe.cluster))
-        recipe = _revalidate(recipe, "--cluster")
+        config, _changes = adapt_to_cluster(recipe.config, recipe.architecture, recipe.cluster)
+        recipe = _revalidate(recipe.with_config(config), "--cluster")
     sets = parse_set_flags(getattr(args, "set", None))
     if sets:
         catalog = lever_catalog()

@@ -209,5 +209,6 @@ def adapt_to_cluster(config: dict[str, Scalar], model: ModelSpec,
         new[field] = max(1, degrees[field] // 2)
     else:
         raise InputError(*problems[0])
-    changes = {k: (config.get(k, lever(k).default), new[k]) for k in new if new[k] != config.get(k, lever(k).default)}
+    changes = {k: (config.get(k, lever(k).default), v) for k, v in new.items()
+               if k in lever_catalog() and v != config.get(k, lever(k).default)}
     return new, changes

@@ -1,0 +1,49 @@
+"""The noise band: how large a throughput gain must be before it counts as real.
+
+Run-to-run variation is measured on baseline replicates. A candidate replaces the incumbent during
+the search only when its measured gain clears the band; at the end the incumbent is re-measured and
+accepted only if a one-sided Welch t-test against the baseline replicates says so at `alpha`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy import stats
+
+# Below this the replicate spread is indistinguishable from luck with 2-3 samples: never trust a
+# band tighter than half a percent.
+MIN_RELATIVE_SD = 0.005
+
+
+def relative_sd(samples: list[float]) -> float:
+    """Run-to-run coefficient of variation of replicate throughputs (floored)."""
+    values = np.asarray(samples, dtype=float)
+    if len(values) < 2:
+        return MIN_RELATIVE_SD * 4  # one run says nothing about noise: be conservative
+    return max(MIN_RELATIVE_SD, float(values.std(ddof=1) / values.mean()))
+
+
+def search_band(rel_sd: float, confidence: float = 0.9) -> float:
+    """Relative gain a single candidate run must show over the incumbent: z · sd · √2
+    (the difference of two noisy runs)."""
+    return float(stats.norm.ppf(confidence) * rel_sd * math.sqrt(2.0))
+
+
+def gain_is_real(baseline: list[float], candidate: list[float], alpha: float = 0.05) -> tuple[bool, float]:
+    """One-sided Welch t-test that candidate throughput exceeds baseline; returns (accepted, p-value)."""
+    b, c = np.asarray(baseline, float), np.asarray(candidate, float)
+    if c.mean() <= b.mean():
+        return False, 1.0
+    if len(b) < 2 or len(c) < 2:
+        # Without replicates on both sides fall back to the band from the floor.
+        gain = c.mean() / b.mean() - 1.0
+        return gain > search_band(relative_sd(list(b)), 1 - alpha), float("nan")
+    floor = MIN_RELATIVE_SD * b.mean()
+    sb, sc = max(b.std(ddof=1), floor), max(c.std(ddof=1), floor)
+    vb, vc = sb**2 / len(b), sc**2 / len(c)
+    t = (c.mean() - b.mean()) / math.sqrt(vb + vc)
+    dof = (vb + vc) ** 2 / (vb**2 / (len(b) - 1) + vc**2 / (len(c) - 1))
+    p = float(stats.t.sf(t, dof))
+    return p < alpha, p

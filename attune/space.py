@@ -63,3 +63,11 @@ def layout_config(recipe: Recipe, layout: Layout) -> dict[str, Scalar]:
     config["training.global_batch_size"] = layout.global_batch
     resolve_layout(config, recipe.architecture, recipe.cluster)
     return config
+
+
+def config_for(recipe: Recipe, levers: dict[str, Scalar]) -> dict[str, Scalar]:
+    """The full config of the recipe with these lever values, its global batch pinned to the
+    recipe's own effective value (the objective never moves)."""
+    config = dict(recipe.config) | dict(levers)
+    config["training.global_batch_size"] = recipe.layout().global_batch
+    return config

@@ -114,6 +114,12 @@ def catalog_version() -> int:
     return int(_catalog_raw()["catalog_version"])
 
 
+def user_evidence_file() -> Path:
+    """Where finished campaigns append evidence: $ATTUNE_HOME/lessons-evidence.json."""
+    import os
+    return Path(os.environ.get("ATTUNE_HOME", ".attune")).resolve() / "lessons-evidence.json"
+
+
 def load_evidence(extra_file: Path | None = None) -> list[Evidence]:
     rows: list[dict] = []
     for path in (SHIPPED_EVIDENCE, extra_file):
@@ -123,7 +129,7 @@ def load_evidence(extra_file: Path | None = None) -> list[Evidence]:
 
 
 def load_lessons(evidence_file: Path | None = None) -> list[Lesson]:
-    evidence = load_evidence(evidence_file)
+    evidence = load_evidence(evidence_file or user_evidence_file())
     lessons = []
     for raw in _catalog_raw()["lesson"]:
         lesson = Lesson.model_validate(raw)

@@ -1,0 +1,235 @@
+"""One campaign's steps as plain functions over its persisted state (the flow calls them in order).
+
+    open_campaign ─► baseline replicates ─► noise band
+                     loop: plan ─► run trial ─► diagnose ─► maybe new incumbent
+                     confirm incumbent ─► gate ─► ship or keep the baseline ─► lessons evidence
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from attune.campaign.budget import Budget, gpu_hours
+from attune.campaign.diagnosis import diagnose
+from attune.campaign.noise import gain_is_real, relative_sd, search_band
+from attune.campaign.state import CampaignState, PendingTrial, Role, TrialRecord, attune_home, campaign_id
+from attune.errors import InputError
+from attune.planners.base import Observation, PlannerView, Proposal
+from attune.planners.registry import make_planner
+from attune.recipe import Recipe, dump_recipe
+from attune.space import config_for, lever_domains
+from attune.stacks.base import TrialResult, TrialStatus
+from attune.stacks.registry import make_stack
+
+RETRYABLE = (TrialStatus.CRASH, TrialStatus.NCCL_ERROR, TrialStatus.TIMEOUT)
+
+
+class BudgetExhausted(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class CampaignSettings:
+    budget_gpu_hours: float
+    stack: str = "sim"
+    planner: str = "attune"
+    seed: int = 0
+    steps_per_trial: int = 10
+    replicates: int = 3
+    max_trials: int = 80
+    disabled_rules: tuple[str, ...] = ()
+    gate_steps: int | None = None
+    stack_options: dict[str, Any] = field(default_factory=dict)
+    planner_options: dict[str, Any] = field(default_factory=dict)
+
+    def identity(self) -> dict[str, Any]:
+        """What makes two runs the same campaign (a re-run with these resumes)."""
+        return {"budget": self.budget_gpu_hours, "stack": self.stack, "planner": self.planner, "seed": self.seed,
+                "steps": self.steps_per_trial, "replicates": self.replicates, "disabled": sorted(self.disabled_rules),
+                "stack_options": self.stack_options}
+
+
+@dataclass
+class Campaign:
+    recipe: Recipe
+    settings: CampaignSettings
+    state: CampaignState
+    directory: Path
+    stack: Any
+    planner: Any
+    attempts: int = 0                       # attempts of the trial in flight (retries included)
+    last_result: TrialResult | None = None  # its latest result, also when the last attempt failed
+
+    @property
+    def state_path(self) -> Path:
+        return self.directory / "state.json"
+
+    def save(self) -> None:
+        self.state.save(self.state_path)
+
+    # --- costs -------------------------------------------------------------------------------
+    def trial_recipe(self, levers: dict[str, Any], role: Role = "trial") -> Recipe:
+        return self.recipe.with_config(config_for(self.recipe, levers), name=f"{self.recipe.name}-{role}")
+
+    def estimated_cost(self, levers: dict[str, Any]) -> float:
+        wall = self.stack.estimate_wall_time_s(self.trial_recipe(levers), self.settings.steps_per_trial)
+        return gpu_hours(self.recipe.cluster.gpus, wall)
+
+    def confirm_reserve(self, levers: dict[str, Any]) -> float:
+        return (self.settings.replicates - 1) * self.estimated_cost(levers)
+
+
+def open_campaign(recipe: Recipe, settings: CampaignSettings, home: Path | None = None) -> Campaign:
+    """Validate the request, then resume the campaign with the same identity or start a new one."""
+    if settings.budget_gpu_hours <= 0:
+        raise InputError("--budget-gpu-hours", f"must be > 0, got {settings.budget_gpu_hours}")
+    if settings.replicates < 1 or settings.steps_per_trial < 1:
+        raise InputError("--replicates/--steps", "must be >= 1")
+    stack = make_stack(settings.stack, **settings.stack_options)
+    planner = make_planner(settings.planner, seed=settings.seed, disabled_rules=frozenset(settings.disabled_rules),
+                           **settings.planner_options)
+    baseline_levers = recipe.layout().levers()
+    probe = Campaign(recipe, settings, None, Path(), stack, planner)  # type: ignore[arg-type]
+    one_run = probe.estimated_cost(baseline_levers)
+    if one_run > settings.budget_gpu_hours:
+        raise InputError("--budget-gpu-hours", f"{settings.budget_gpu_hours:g} GPU-hours is less than one baseline "
+                                               f"run of this recipe (about {one_run:.2f} GPU-hours)")
+    toml = dump_recipe(recipe)
+    cid = campaign_id(toml, **settings.identity())
+    directory = (home or attune_home()) / "campaigns" / f"{recipe.name}-{cid}"
+    path = directory / "state.json"
+    if path.is_file():
+        state = CampaignState.load(path)
+        if state.pending is not None:  # the process died mid-trial: its GPUs were held, charge them
+            state.budget.charge(state.pending.estimated_gpu_hours)
+            state.lost_gpu_hours += state.pending.estimated_gpu_hours
+            state.pending = None
+    else:
+        state = CampaignState(campaign_id=cid, recipe_toml=toml, stack=settings.stack, planner=settings.planner,
+                              seed=settings.seed, steps_per_trial=settings.steps_per_trial,
+                              replicates=settings.replicates, budget=Budget(total_gpu_hours=settings.budget_gpu_hours))
+    campaign = Campaign(recipe, settings, state, directory, stack, planner)
+    campaign.save()
+    return campaign
+
+
+def discard(campaign: Campaign) -> None:
+    """Remove a campaign that could not start (its baseline failed): nothing half-written remains."""
+    shutil.rmtree(campaign.directory, ignore_errors=True)
+
+
+# --- trials ------------------------------------------------------------------------------------
+def execute_attempt(c: Campaign, role: Role, levers: dict[str, Any], reserve: float = 0.0) -> TrialResult:
+    """Run one attempt of a trial and charge it. Persisted before and after, so a crash of this
+    process in between is charged on resume and a retry is charged again (its GPUs ran again)."""
+    estimate = c.estimated_cost(levers)
+    if not c.state.budget.can_afford(estimate + reserve):
+        raise BudgetExhausted(f"budget spent: the next trial needs about {estimate + reserve:.2f} GPU-hours "
+                              f"(with the confirmation reserve), {c.state.budget.left:.2f} left")
+    c.state.pending = PendingTrial(role=role, levers=levers, estimated_gpu_hours=estimate)
+    c.save()
+    index = len(c.state.trials)
+    workdir = c.directory / "trials" / f"{index:03d}-{role}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    seed = c.settings.seed * 100_003 + index * 7919 + len(c.state.pending.levers)
+    result = c.stack.run_trial(c.trial_recipe(levers, role), c.settings.steps_per_trial, seed, workdir)
+    c.state.budget.charge(result.gpu_hours)
+    c.state.pending = None
+    c.save()
+    return result
+
+
+def record_trial(c: Campaign, role: Role, levers: dict[str, Any], result: TrialResult,
+                 proposal: Proposal | None = None, attempts: int = 1) -> TrialRecord:
+    recipe = c.trial_recipe(levers, role)
+    symptoms = diagnose(result, recipe.layout(), recipe.cluster.node_size, recipe.cluster.memory_gib)
+    parent = c.state.incumbent if role == "trial" else None
+    record = TrialRecord(index=len(c.state.trials), role=role, levers=levers, config=recipe.config, result=result,
+                         diagnosis=symptoms, move=proposal.move if proposal else None, parent=parent,
+                         lesson_id=proposal.lesson_id if proposal else None,
+                         rationale=proposal.rationale if proposal else "", attempts=attempts)
+    c.state.trials.append(record)
+    if role == "baseline":
+        _after_baseline(c)
+    elif role == "trial":
+        _maybe_new_incumbent(c, record)
+    c.save()
+    return record
+
+
+def _after_baseline(c: Campaign) -> None:
+    ok = [t for t in c.state.of_role("baseline") if t.result.ok]
+    if ok:
+        c.state.incumbent = c.state.incumbent if c.state.incumbent is not None else ok[0].index
+        c.state.noise_rel_sd = relative_sd([t.tps for t in ok])
+        c.state.noise_band = search_band(c.state.noise_rel_sd)
+
+
+def mean_tps(c: Campaign, levers: dict[str, Any]) -> float:
+    values = [t.tps for t in c.state.measured(levers) if t.result.ok]
+    return sum(values) / len(values) if values else 0.0
+
+
+def _maybe_new_incumbent(c: Campaign, record: TrialRecord) -> None:
+    incumbent = c.state.incumbent_record
+    if record.result.ok and incumbent is not None:
+        if record.tps > mean_tps(c, incumbent.levers) * (1 + (c.state.noise_band or 0.0)):
+            c.state.incumbent = record.index
+
+
+def baseline_failed(c: Campaign) -> str | None:
+    """Why the recipe cannot be tuned, if its own baseline did not run."""
+    runs = c.state.of_role("baseline")
+    if runs and not any(t.result.ok for t in runs):
+        last = runs[-1].result
+        return f"the recipe fails its own baseline: {last.status.value} ({last.message[:200]})"
+    return None
+
+
+def planner_view(c: Campaign) -> PlannerView:
+    incumbent = c.state.incumbent_record
+    history = [Observation(levers=t.levers, result=t.result, diagnosis=[s.id for s in t.diagnosis], move=t.move)
+               for t in c.state.trials]
+    return PlannerView(recipe=c.recipe, domains=lever_domains(c.recipe), history=history,
+                       incumbent=incumbent.levers, incumbent_tps=mean_tps(c, incumbent.levers),
+                       noise_band=c.state.noise_band or 0.0, budget_left_gpu_hours=c.state.budget.left,
+                       trial_cost_gpu_hours=c.estimated_cost)
+
+
+def next_proposal(c: Campaign) -> Proposal | None:
+    """The planner's next move, or None with state.stop_reason set."""
+    if len([t for t in c.state.trials if t.role == "trial"]) >= c.settings.max_trials:
+        c.state.stop_reason = f"trial cap reached ({c.settings.max_trials})"
+        return None
+    proposal = c.planner.propose(planner_view(c))
+    if proposal is None:
+        c.state.stop_reason = getattr(c.planner, "stop_reason", "") or "converged: the planner has no further move"
+    return proposal
+
+
+def confirm_plan(c: Campaign) -> list[dict[str, Any]]:
+    """Replicates still to run for the incumbent (none if it is the baseline)."""
+    incumbent = c.state.incumbent_record
+    if incumbent is None or incumbent.role == "baseline":
+        return []
+    have = len([t for t in c.state.measured(incumbent.levers) if t.result.ok])
+    return [incumbent.levers] * max(0, c.settings.replicates - have)
+
+
+def settle_incumbent(c: Campaign) -> tuple[bool, float]:
+    """Accept the incumbent only if its gain over the baseline is real (one-sided Welch test)."""
+    incumbent = c.state.incumbent_record
+    base = c.state.baseline_tps
+    if incumbent is None or incumbent.role == "baseline":
+        return False, 1.0
+    samples = [t.tps for t in c.state.measured(incumbent.levers) if t.result.ok]
+    accepted, p = gain_is_real(base, samples)
+    if not accepted:
+        c.state.incumbent = c.state.of_role("baseline")[0].index
+        c.state.stop_reason = (c.state.stop_reason or "") + (
+            f"; the best candidate's gain did not clear the noise band on confirmation (p={p:.2f}), baseline kept")
+    c.save()
+    return accepted, p

@@ -1,0 +1,136 @@
+"""After the search: gate the incumbent, ship it or keep the baseline, the result, lessons evidence."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+from attune.campaign.engine import Campaign, mean_tps
+from attune.campaign.payback import payback_hours
+from attune.recipe import Recipe, write_recipe
+from lessons.catalog import Evidence, append_evidence, user_evidence_file
+
+
+def candidate_recipe(c: Campaign) -> Recipe:
+    incumbent = c.state.incumbent_record
+    return c.recipe.with_config(incumbent.config, name=f"{c.recipe.name}-attune")
+
+
+def run_gate(c: Campaign) -> dict[str, Any]:
+    """The correctness gate on the incumbent (the gate never sees the planner)."""
+    import gate
+
+    report = gate.verify(c.recipe, candidate_recipe(c), c.directory / "gate", steps=c.settings.gate_steps,
+                         seed=c.settings.seed)
+    c.state.gate = report.model_dump(mode="json")
+    c.save()
+    return c.state.gate
+
+
+def ship(c: Campaign, out_path: Path | None) -> Path | None:
+    """Write the verified recipe (a recipe file the same tools accept again)."""
+    incumbent = c.state.incumbent_record
+    if incumbent is None or incumbent.role == "baseline" or not (c.state.gate or {}).get("passed"):
+        c.state.shipped = False
+        c.save()
+        return None
+    path = write_recipe(candidate_recipe(c), out_path or c.directory / "shipped.toml")
+    c.state.shipped = True
+    c.state.recipe_out = str(path)
+    c.save()
+    return path
+
+
+def final_message(c: Campaign) -> str:
+    search = c.state.stop_reason or "finished"
+    if c.state.shipped:
+        return f"{search}; shipped {c.state.recipe_out}"
+    gate = c.state.gate
+    if gate is not None and not gate.get("passed"):
+        why = [v.get("field", "") + ": " + v.get("reason", "") for v in gate.get("config", {}).get("violations", [])]
+        why += [d.get("id", "") for d in gate.get("config", {}).get("defects", [])]
+        conv = gate.get("convergence") or {}
+        if conv and conv.get("passed") is False:
+            why.append("convergence: " + str(conv.get("reason", "loss curve outside the baseline band")))
+        return f"{search}; gate failed ({'; '.join(why) or 'see gate report'}), kept the baseline recipe"
+    return f"{search}; kept the baseline recipe"
+
+
+def summary(record_levers: dict[str, Any], c: Campaign) -> dict[str, Any]:
+    records = [t for t in c.state.measured(record_levers) if t.result.ok]
+    first = records[0].result if records else None
+    return {"levers": record_levers, "tokens_per_sec_per_gpu": mean_tps(c, record_levers),
+            "mfu": first.mfu if first else None, "step_time_s": first.step_time_s if first else None,
+            "peak_memory_gib": first.peak_memory_gib if first else None, "replicates": len(records)}
+
+
+def campaign_result(c: Campaign) -> dict[str, Any]:
+    s = c.state
+    baseline_levers = s.of_role("baseline")[0].levers
+    best_levers = s.incumbent_record.levers if s.shipped else baseline_levers
+    base = summary(baseline_levers, c)
+    best = summary(best_levers, c)
+    gain = best["tokens_per_sec_per_gpu"] / base["tokens_per_sec_per_gpu"] - 1 if base["tokens_per_sec_per_gpu"] else 0.0
+    result = {
+        "campaign_id": s.campaign_id, "recipe": c.recipe.name, "model": c.recipe.model_name,
+        "cluster": c.recipe.cluster.label, "stack": s.stack, "planner": s.planner, "simulated": s.stack == "sim",
+        "baseline": base, "best": best, "gain": gain, "noise_band": s.noise_band,
+        "gpu_hours_used": s.budget.spent_gpu_hours, "budget_gpu_hours": s.budget.total_gpu_hours,
+        "trials": len(s.trials), "stop_reason": final_message(c), "gate": s.gate, "shipped": s.shipped,
+        "payback_hours": payback_hours(s.budget.spent_gpu_hours, gain, c.recipe.cluster.gpus) if s.shipped else None,
+        "mlflow_run_id": s.mlflow_run_id, "recipe_out": s.recipe_out, "campaign_dir": str(c.directory),
+    }
+    if s.llm_usage:
+        result["llm_usage"] = s.llm_usage
+    s.result = result
+    c.save()
+    return result
+
+
+def lesson_outcomes(c: Campaign) -> list[Evidence]:
+    """What each lesson-driven move measured against the layout it moved from."""
+    rows = []
+    now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    for t in c.state.of_role("trial"):
+        if not t.lesson_id or t.parent is None:
+            continue
+        parent_tps = mean_tps(c, c.state.trials[t.parent].levers)
+        gain = (t.tps / parent_tps - 1) if (t.result.ok and parent_tps) else None
+        rows.append(Evidence(lesson=t.lesson_id, campaign=c.state.campaign_id, model=c.recipe.model_name,
+                             cluster=c.recipe.cluster.label, stack=c.state.stack, gain=gain,
+                             won=t.index == c.state.incumbent, at=now))
+    return rows
+
+
+def update_lessons(c: Campaign) -> int:
+    rows = lesson_outcomes(c)
+    if rows:
+        append_evidence(user_evidence_file(), rows)
+    return len(rows)
+
+
+def publish_to_store(c: Campaign, store_uri: str | None) -> bool:
+    """Put the shipped recipe into the recipe store (TrainingThroughputBench); the store keeps the
+    better verified recipe per model, cluster and stack."""
+    from attune.store import StoreEntry, cost_per_million_tokens, open_store
+
+    result = c.state.result or campaign_result(c)
+    best = result["best"]
+    cluster = c.recipe.cluster
+    entry = StoreEntry(
+        model=c.recipe.model_name, accelerator=cluster.accelerator, gpus=cluster.gpus,
+        gpus_per_node=cluster.gpus_per_node, stack=c.recipe.stack.model_dump(exclude_none=True),
+        stack_fingerprint=c.recipe.stack.fingerprint(),
+        recipe_toml=Path(c.state.recipe_out).read_text(), levers=best["levers"],
+        tokens_per_sec_per_gpu=best["tokens_per_sec_per_gpu"], mfu=best["mfu"], step_time_s=best["step_time_s"],
+        peak_memory_gib=best["peak_memory_gib"],
+        cost_per_million_tokens=cost_per_million_tokens(cluster.accelerator, cluster.gpus,
+                                                        best["tokens_per_sec_per_gpu"], cluster.price),
+        gate_passed=bool((c.state.gate or {}).get("passed")), gate_report=c.state.gate or {},
+        mlflow_run_id=c.state.mlflow_run_id or "", simulated=c.state.stack == "sim",
+        measured_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        campaign={"campaign_id": c.state.campaign_id, "gain": result["gain"],
+                  "gpu_hours_used": result["gpu_hours_used"], "planner": c.state.planner})
+    kept, _current = open_store(store_uri).put(entry)
+    return kept

@@ -1,0 +1,113 @@
+"""MLflow at the edge: a campaign is a parent run, each trial a nested run.
+
+Defaults need no server: a SQLite file under $ATTUNE_HOME (mlflow.db) with artifacts beside it;
+`--mlflow-uri` (or MLFLOW_TRACKING_URI) points at a real server. Uses MlflowClient directly: no
+global active-run state, one batched call per trial's params and metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from attune.campaign.state import CampaignState, TrialRecord, attune_home
+
+EXPERIMENT = "attune-campaigns"
+SECRET_MARKERS = ("KEY", "SECRET", "TOKEN", "PASSWORD")
+
+
+def default_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{attune_home() / 'mlflow.db'}"
+
+
+def _client(uri: str):
+    from mlflow.tracking import MlflowClient
+    return MlflowClient(tracking_uri=uri)
+
+
+class Tracker:
+    def __init__(self, uri: str | None = None, experiment: str = EXPERIMENT):
+        self.uri = uri or default_uri()
+        if self.uri.startswith("sqlite:///"):
+            Path(self.uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        self.client = _client(self.uri)
+        found = self.client.get_experiment_by_name(experiment)
+        if found is None:
+            artifacts = None
+            if self.uri.startswith("sqlite:///"):
+                artifacts = (Path(self.uri.removeprefix("sqlite:///")).parent / "mlartifacts").as_uri()
+            self.experiment_id = self.client.create_experiment(experiment, artifact_location=artifacts)
+        else:
+            self.experiment_id = found.experiment_id
+
+    def campaign_run(self, state: CampaignState, tags: dict[str, str]) -> str:
+        """The campaign's parent run: resumed when the state already names one."""
+        if state.mlflow_run_id:
+            return state.mlflow_run_id
+        run = self.client.create_run(self.experiment_id, run_name=f"campaign-{state.campaign_id}",
+                                     tags=tags | {"attune.campaign_id": state.campaign_id})
+        self.client.log_text(run.info.run_id, state.recipe_toml, "baseline_recipe.toml")
+        return run.info.run_id
+
+    def log_trial(self, parent_id: str, record: TrialRecord, recipe_toml: str, tags: dict[str, str],
+                  extra_artifacts: dict[str, str] | None = None) -> str:
+        from mlflow.entities import Metric, Param, RunTag
+
+        run = self.client.create_run(self.experiment_id, run_name=f"{record.role}-{record.index:03d}",
+                                     tags=tags | {"mlflow.parentRunId": parent_id, "attune.role": record.role,
+                                                  "attune.status": record.result.status.value})
+        now = int(time.time() * 1000)
+        params = [Param(k, str(v)) for k, v in sorted(record.levers.items())]
+        metrics = [Metric(name, float(value), now, 0) for name, value in (
+            ("tokens_per_sec_per_gpu", record.result.tokens_per_sec_per_gpu), ("mfu", record.result.mfu),
+            ("step_time_s", record.result.step_time_s), ("peak_memory_gib", record.result.peak_memory_gib),
+            ("gpu_hours", record.result.gpu_hours), ("wall_time_s", record.result.wall_time_s)) if value is not None]
+        for step in record.result.steps:
+            for name in ("loss", "tps", "mfu", "memory_gib", "grad_norm"):
+                value = getattr(step, name)
+                if value is not None:
+                    metrics.append(Metric(f"step_{name}", float(value), now, step.step))
+        self.client.log_batch(run.info.run_id, metrics=metrics[:1000], params=params,
+                              tags=[RunTag("attune.lesson", record.lesson_id or "")])
+        self.client.log_text(run.info.run_id, recipe_toml, "recipe.toml")
+        self.client.log_text(run.info.run_id, json.dumps({"diagnosis": [s.model_dump() for s in record.diagnosis],
+                                                          "move": record.move, "rationale": record.rationale,
+                                                          "breakdown": record.result.breakdown}, indent=1, default=str),
+                             "diagnosis.json")
+        for name, text in (extra_artifacts or {}).items():
+            self.client.log_text(run.info.run_id, redact(text), name)
+        self.client.set_terminated(run.info.run_id, "FINISHED" if record.result.ok else "FAILED")
+        return run.info.run_id
+
+    def finish_campaign(self, parent_id: str, result: dict[str, Any], report_md: str, gate: dict | None,
+                        shipped_toml: str | None) -> None:
+        from mlflow.entities import Metric
+        now = int(time.time() * 1000)
+        metrics = [Metric(k, float(result[k]), now, 0) for k in ("gain", "gpu_hours_used", "budget_gpu_hours")
+                   if isinstance(result.get(k), (int, float))]
+        metrics.append(Metric("best_tokens_per_sec_per_gpu", float(result["best"]["tokens_per_sec_per_gpu"]), now, 0))
+        self.client.log_batch(parent_id, metrics=metrics)
+        self.client.set_tag(parent_id, "attune.stop_reason", result["stop_reason"][:500])
+        self.client.set_tag(parent_id, "attune.shipped", str(result["shipped"]).lower())
+        self.client.log_text(parent_id, report_md, "report.md")
+        self.client.log_dict(parent_id, result, "result.json")
+        if gate is not None:
+            self.client.log_dict(parent_id, gate, "gate_report.json")
+            plot = gate.get("plot") or (gate.get("convergence") or {}).get("plot")
+            if plot and Path(plot).is_file():
+                self.client.log_artifact(parent_id, plot)
+        if shipped_toml:
+            self.client.log_text(parent_id, shipped_toml, "shipped_recipe.toml")
+            self.client.set_tag(parent_id, "attune.role", "shipped")
+        self.client.set_terminated(parent_id, "FINISHED")
+
+
+def redact(text: str) -> str:
+    """Drop the values of any environment variable that looks like a secret from logged text."""
+    for name, value in os.environ.items():
+        if value and len(value) >= 6 and any(m in name.upper() for m in SECRET_MARKERS):
+            text = text.replace(value, "***")
+    return text

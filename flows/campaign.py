@@ -1,0 +1,146 @@
+"""The campaign flow: tune one recipe within a GPU-hour budget (reads like the design's diagram).
+
+    recipe ──► baseline (k replicates) ──► noise band
+       loop: plan ONE lever move ──► trial ──► diagnose        while budget and moves are left
+    confirm incumbent (replicates) ──► correctness gate ──► ship, or keep the baseline and say why
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from prefect import flow
+from prefect.states import Completed
+
+from attune.campaign import engine, finish
+from attune.campaign.engine import BudgetExhausted, Campaign, CampaignSettings
+from attune.errors import InputError
+from attune.recipe import Recipe, dump_recipe, load_recipe
+from attune.tracking import Tracker
+from tasks.campaign import (InfrastructureFault, correctness_gate, plan_next, publish_report, run_trial, ship,
+                            update_lessons)
+
+
+def load_campaign_recipe(recipe_path: str, cluster: str | None = None, model_spec: str | None = None) -> Recipe:
+    from attune.layout import adapt_to_cluster
+    from attune.spec import parse_cluster_flag
+
+    recipe = load_recipe(recipe_path)
+    if model_spec:
+        recipe = recipe.with_model_spec(model_spec)
+    if cluster:
+        recipe = recipe.on_cluster(parse_cluster_flag(cluster, recipe.cluster))
+        config, _ = adapt_to_cluster(recipe.config, recipe.architecture, recipe.cluster)
+        recipe = recipe.with_config(config)
+    recipe.layout()
+    return recipe
+
+
+def _tags(c: Campaign) -> dict[str, str]:
+    return {"attune.model": c.recipe.model_name, "attune.cluster": c.recipe.cluster.label,
+            "attune.stack": c.settings.stack, "attune.planner": c.settings.planner,
+            "attune.simulated": str(c.settings.stack == "sim").lower()}
+
+
+def _progress(c: Campaign, text: str) -> None:
+    if c.settings.stack_options.get("quiet"):
+        return
+    left = c.state.budget.left
+    print(f"[attune {c.state.campaign_id}] {text} (budget left {left:.1f} GPU-h)", file=sys.stderr, flush=True)
+
+
+def _measure(c: Campaign, tracker: Tracker, role: str, levers: dict[str, Any], proposal=None, reserve: float = 0.0):
+    """Run one trial with its retries, record, diagnose and track it; None if the budget is spent."""
+    c.attempts, c.last_result = 0, None
+    pool = c.settings.stack_options.get("pool", c.settings.stack)
+    try:
+        result = run_trial.with_options(tags=[f"gpu-pool:{pool}"])(c, role, levers, reserve)
+    except InfrastructureFault as fault:
+        result = fault.result
+    except BudgetExhausted as spent:
+        c.state.stop_reason = str(spent)
+        return None
+    record = engine.record_trial(c, role, levers, result, proposal, attempts=max(1, c.attempts))
+    record.mlflow_run_id = tracker.log_trial(c.state.mlflow_run_id, record, dump_recipe(c.trial_recipe(levers, role)),
+                                             _tags(c), extra_artifacts=_llm_artifacts(proposal))
+    c.save()
+    gain = ""
+    if record.result.ok and c.state.baseline_tps:
+        gain = f" {record.tps / (sum(c.state.baseline_tps) / len(c.state.baseline_tps)) - 1:+.1%} vs baseline"
+    _progress(c, f"{role} #{record.index} {record.result.status.value} {record.tps:,.0f} tok/s/GPU{gain}"
+                 f"{' — ' + proposal.rationale if proposal else ''}")
+    return record
+
+
+def _llm_artifacts(proposal) -> dict[str, str] | None:
+    transcript = getattr(proposal, "transcript", None) if proposal is not None else None
+    return {"llm_transcript.json": transcript} if transcript else None
+
+
+@flow(name="tune-campaign")
+def tune_campaign(recipe_path: str, budget_gpu_hours: float, stack: str = "sim", planner: str = "attune",
+                  cluster: str | None = None, seed: int = 0, steps_per_trial: int = 10, replicates: int = 3,
+                  disabled_rules: list[str] | None = None, gate_steps: int | None = None,
+                  mlflow_uri: str | None = None, out: str | None = None, store: str | None = None,
+                  model_spec: str | None = None, stack_options: dict[str, Any] | None = None,
+                  planner_options: dict[str, Any] | None = None):
+    recipe = load_campaign_recipe(recipe_path, cluster, model_spec)
+    settings = CampaignSettings(budget_gpu_hours=budget_gpu_hours, stack=stack, planner=planner, seed=seed,
+                                steps_per_trial=steps_per_trial, replicates=replicates,
+                                disabled_rules=tuple(disabled_rules or ()), gate_steps=gate_steps,
+                                stack_options=dict(stack_options or {}), planner_options=dict(planner_options or {}))
+    c = engine.open_campaign(recipe, settings)
+    if c.state.phase == "done" and c.state.result:
+        return Completed(message=c.state.result["stop_reason"], data=c.state.result)
+    tracker = Tracker(mlflow_uri)
+    c.state.mlflow_run_id = tracker.campaign_run(c.state, _tags(c))
+    c.save()
+
+    # baseline replicates -> noise band
+    baseline = recipe.layout().levers()
+    while c.state.phase == "baseline" and len(c.state.of_role("baseline")) < settings.replicates:
+        if _measure(c, tracker, "baseline", baseline) is None:
+            break
+        failure = engine.baseline_failed(c)
+        if failure:
+            engine.discard(c)
+            raise InputError(recipe_path, failure)
+    if not c.state.baseline_tps:
+        engine.discard(c)
+        raise InputError("--budget-gpu-hours", "too small to measure the baseline once")
+    c.state.phase = "search" if c.state.phase == "baseline" else c.state.phase
+    c.save()
+
+    # the search: one lever at a time, while budget and moves are left
+    while c.state.phase == "search":
+        proposal = plan_next(c)
+        if proposal is None:
+            break
+        if _measure(c, tracker, "trial", proposal.levers, proposal, reserve=c.confirm_reserve(proposal.levers)) is None:
+            break
+    c.state.phase = "confirm" if c.state.phase == "search" else c.state.phase
+    c.save()
+
+    # confirm the incumbent with replicates, then accept its gain only if it is real
+    if c.state.phase == "confirm":
+        for levers in engine.confirm_plan(c):
+            if _measure(c, tracker, "confirm", levers) is None:
+                break
+        engine.settle_incumbent(c)
+        c.state.phase = "gate"
+        c.save()
+
+    # the correctness gate decides what ships
+    if c.state.incumbent_record.role != "baseline" and c.state.gate is None:
+        _progress(c, "correctness gate on the incumbent")
+        correctness_gate(c)
+    recipe_out = ship(c, out, store)
+    result = finish.campaign_result(c)
+    update_lessons(c)
+    report = publish_report(c, result)
+    tracker.finish_campaign(c.state.mlflow_run_id, result, report, c.state.gate,
+                            open(recipe_out).read() if recipe_out else None)
+    c.state.phase = "done"
+    c.save()
+    return Completed(message=result["stop_reason"], data=result)

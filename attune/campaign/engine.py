@@ -205,6 +205,8 @@ def next_proposal(c: Campaign) -> Proposal | None:
         c.state.stop_reason = f"trial cap reached ({c.settings.max_trials})"
         return None
     proposal = c.planner.propose(planner_view(c))
+    if getattr(c.planner, "usage", None):
+        c.state.llm_usage = dict(c.planner.usage)
     if proposal is None:
         c.state.stop_reason = getattr(c.planner, "stop_reason", "") or "converged: the planner has no further move"
     return proposal

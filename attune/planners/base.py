@@ -42,6 +42,7 @@ class Proposal:
     move: dict[str, Scalar] | None = None   # what changed vs the incumbent (one lever + compensation)
     lesson_id: str | None = None
     expected_gain: float | None = None
+    transcript: str | None = None           # LLM planner: prompts and answers (an MLflow artifact)
 
 
 class Planner(Protocol):

@@ -1,0 +1,126 @@
+"""The campaign end to end on the sim stack: a real Prefect flow, MLflow on SQLite, the budget,
+resume after a kill, the noise band and the search rules."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, assert_one_line_error
+
+from attune.campaign.state import CampaignState
+
+PUBLIC_8B = REPO / "recipes" / "public" / "llama3_8b.toml"
+
+
+def _state_files(home: Path) -> list[Path]:
+    return sorted(home.glob("campaigns/*/state.json"))
+
+
+def test_campaign_end_to_end_with_prefect_and_mlflow(cli, tmp_path):
+    proc = cli("tune", PUBLIC_8B, "--budget-gpu-hours", "40", "--json", "--quiet", check=True)
+    result = json.loads(proc.stdout)
+    for key in ("baseline", "best", "gain", "noise_band", "gpu_hours_used", "budget_gpu_hours", "trials",
+                "stop_reason", "gate", "shipped", "payback_hours", "mlflow_run_id", "recipe_out"):
+        assert key in result, key
+    assert result["simulated"] is True
+    assert 0 < result["gpu_hours_used"] <= result["budget_gpu_hours"] == 40
+    assert result["noise_band"] > 0
+    state = CampaignState.load(_state_files(tmp_path / ".attune")[0])
+    assert sum(t.result.gpu_hours for t in state.trials) == pytest.approx(result["gpu_hours_used"])
+    assert len(state.of_role("baseline")) == 3
+    if result["shipped"]:
+        assert result["gain"] > result["noise_band"] / 2 and result["gate"]["passed"]
+        assert result["payback_hours"] > 0
+        shipped = cli("recipe", "show", result["recipe_out"], "--json", check=True)
+        assert json.loads(shipped.stdout)["layout"]["global_batch"] == state.trials[0].config.get("training.global_batch_size")
+    # MLflow: one parent run, one nested run per trial, tagged
+    db = sqlite3.connect(tmp_path / ".attune" / "mlflow.db")
+    runs = db.execute("select run_uuid from runs").fetchall()
+    assert len(runs) == result["trials"] + 1
+    roles = dict(db.execute("select value, count(*) from tags where key='attune.role' group by value").fetchall())
+    assert roles.get("baseline") == 3 and roles.get("trial", 0) >= 1
+    parents = db.execute("select count(distinct value) from tags where key='mlflow.parentRunId'").fetchone()[0]
+    assert parents == 1
+    models = db.execute("select distinct value from tags where key='attune.model'").fetchall()
+    assert models == [("llama3.1-8b",)]
+
+
+def test_rerunning_a_finished_campaign_returns_it_without_spending(cli, tmp_path):
+    first = json.loads(cli("tune", PUBLIC_8B, "--budget-gpu-hours", "20", "--json", "--quiet", check=True).stdout)
+    again = json.loads(cli("tune", PUBLIC_8B, "--budget-gpu-hours", "20", "--json", "--quiet", check=True).stdout)
+    assert again["gpu_hours_used"] == first["gpu_hours_used"] and again["trials"] == first["trials"]
+
+
+def test_kill_mid_campaign_then_resume_never_charges_twice(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO), ATTUNE_HOME=str(tmp_path / ".attune"),
+               PREFECT_HOME=str(tmp_path / ".prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    cmd = [sys.executable, "-m", "attune.cli.main", "tune", str(PUBLIC_8B), "--budget-gpu-hours", "60",
+           "--json", "--quiet", "--replicates", "2"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    seen = 0
+    while time.monotonic() < deadline and proc.poll() is None:
+        files = _state_files(tmp_path / ".attune")
+        if files:
+            try:
+                seen = len(CampaignState.load(files[0]).trials)
+            except Exception:
+                seen = 0
+            if seen >= 3:
+                break
+        time.sleep(0.02)
+    assert proc.poll() is None, "campaign finished before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = CampaignState.load(_state_files(tmp_path / ".attune")[0])
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    after = CampaignState.load(_state_files(tmp_path / ".attune")[0])
+    assert [t.levers for t in after.trials[: len(before.trials)]] == [t.levers for t in before.trials]
+    charged = sum(t.result.gpu_hours for t in after.trials) + after.lost_gpu_hours
+    assert after.budget.spent_gpu_hours == pytest.approx(charged)
+    assert result["gpu_hours_used"] <= 60
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--planner", "nope"], "--planner"),
+    (["--stack", "nope"], "--stack"),
+    (["--budget-gpu-hours", "0"], "--budget-gpu-hours"),
+    (["--budget-gpu-hours", "-3"], "--budget-gpu-hours"),
+    (["--budget-gpu-hours", "0.01"], "less than one baseline run"),
+    (["--disable-rule", "no-such-rule"], "--disable-rule"),
+])
+def test_bad_requests_exit_2_and_write_nothing(cli, tmp_path, args, needle):
+    base = ["tune", PUBLIC_8B]
+    if "--budget-gpu-hours" not in args:
+        base += ["--budget-gpu-hours", "10"]
+    assert_one_line_error(cli(*base, *args), needle)
+    assert not (tmp_path / ".attune" / "campaigns").exists()
+
+
+def test_a_recipe_that_fails_its_own_baseline_exits_2(cli, write_recipe, tmp_path):
+    # llama3.1-405b on 8 A100s cannot fit in memory whatever the recomputation
+    recipe = write_recipe('''
+        name = "too-big"
+        model = "llama3.1-405b"
+        [cluster]
+        accelerator = "a100"
+        gpus = 8
+        [stack]
+        torch = "2.13.0"
+        torchtitan = "0.3.0"
+        [config]
+        "training.local_batch_size" = 1
+        "activation_checkpoint.mode" = "full"
+        ''')
+    assert_one_line_error(cli("tune", recipe, "--budget-gpu-hours", "50"), "fails its own baseline")
+    assert not list((tmp_path / ".attune").glob("campaigns/*"))

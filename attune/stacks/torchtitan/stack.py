@@ -1,0 +1,188 @@
+"""TorchtitanStack: the Stack protocol (attune/stacks/base.py) on real torchtitan 0.3 runs.
+
+A trial is the recipe's launch plus trial settings: enough steps for warm-up and measurement,
+metrics every step, no checkpoints, validation, profiling or TensorBoard, the given seed, the LR
+schedule pinned to the recipe's full length (so a 30-step trial sees the recipe's schedule, not
+one squeezed into 30 steps) and outputs under the trial's workdir. It is validated with
+torchtitan's ConfigManager first where torchtitan imports, so a bad override costs no GPU time.
+
+Where it runs is the executor's business: by default a local subprocess (runner.run_process, a
+one-node cluster); deployment.pool_executor runs it as a Prefect deployment on a GPU work pool.
+Charging: the cluster's GPUs x the run's wall time, start-up and compilation included.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from attune.errors import InputError
+from attune.layout import AC_MODE, COMPILE
+from attune.recipe import Recipe
+from attune.stacks.base import TrialResult, TrialStatus
+from attune.stacks.torchtitan import smoke_assets
+from attune.stacks.torchtitan.log_parser import measured, median_or_none
+from attune.stacks.torchtitan.recipe_values import recipe_values
+from attune.stacks.torchtitan.render import Launch, canonical_config, render_launch
+from attune.stacks.torchtitan.runner import RunLimits, RunOutcome, run_process
+from attune.stacks.torchtitan.validate import torchtitan_available, validate_batch
+
+# (launch, log path, limits, workdir) -> outcome. Local by default; see deployment.pool_executor.
+Executor = Callable[[Launch, Path, RunLimits, Path], RunOutcome]
+
+# Conservative planning figures for estimate_wall_time_s (a budget check must not underestimate).
+STARTUP_S, COMPILE_S, INIT_S_PER_B_PARAMS = 120.0, 240.0, 0.5
+MFU_FLOOR = 0.15
+RECOMPUTE_FACTOR = {"none": 1.0, "selective": 1.15, "full": 4.0 / 3.0, "memory-budget": 1.2}
+
+
+def local_executor(launch: Launch, log_path: Path, limits: RunLimits, workdir: Path) -> RunOutcome:
+    if launch.nnodes > 1:
+        return RunOutcome(status=TrialStatus.CRASH, returncode=None, wall_time_s=0.0, steps=[],
+                          message=f"a {launch.nnodes}-node launch needs a work pool (deployment.pool_executor)",
+                          log_path=str(log_path))
+    return run_process(launch.argv, launch.env, log_path, limits, cwd=workdir)
+
+
+class TorchtitanStack:
+    """Trials on torchtitan 0.3. smoke_assets=True points runs at the shipped offline tokenizer and
+    text (no hub needed); validate: "auto" (when torchtitan imports here), True or False."""
+
+    name = "torchtitan"
+
+    def __init__(self, *, executor: Executor | None = None, deployment: str | None = None,
+                 launcher: str | None = None, warmup_steps: int = 3, smoke_assets: bool | None = None,
+                 validate: bool | str = "auto", startup_timeout_s: float = 1800.0, stall_timeout_s: float = 600.0,
+                 rdzv_endpoint: str | None = None, env: dict[str, str] | None = None,
+                 extra_config: dict[str, Any] | None = None, pool: str | None = None, quiet: bool = False):
+        # A campaign builds the stack from its stack_options (pool, quiet: the flow's); where those
+        # cannot say it, the environment does: ATTUNE_TORCHTITAN_DEPLOYMENT (run trials as runs of
+        # that Prefect deployment), ATTUNE_TORCHTITAN_LAUNCHER (k8s | slurm | direct) and
+        # ATTUNE_TORCHTITAN_SMOKE_ASSETS=1 (the shipped offline tokenizer and text).
+        deployment = deployment or os.environ.get("ATTUNE_TORCHTITAN_DEPLOYMENT")
+        if executor is None and deployment:
+            from attune.stacks.torchtitan.deployment import pool_executor
+            executor = pool_executor(deployment, launcher or os.environ.get("ATTUNE_TORCHTITAN_LAUNCHER", "k8s"))
+        self.executor = executor or local_executor
+        self.pool, self.quiet = pool, quiet
+        self.warmup_steps = warmup_steps
+        if smoke_assets is None:
+            smoke_assets = os.environ.get("ATTUNE_TORCHTITAN_SMOKE_ASSETS", "") not in ("", "0", "false")
+        self.smoke_assets = smoke_assets
+        self.validate = validate
+        self.startup_timeout_s = startup_timeout_s
+        self.stall_timeout_s = stall_timeout_s
+        # Trials on a work pool get their rendezvous endpoint from the job (PET_RDZV_ENDPOINT).
+        self.rdzv_endpoint = rdzv_endpoint or ("env" if deployment else None)
+        self.env = dict(env or {})
+        self.extra_config = dict(extra_config or {})
+        self._step_s: dict[str, float] = {}      # launch key -> measured step time
+        self._startup_s: dict[str, float] = {}   # model, cluster, compile -> measured start-up
+
+    # ---- the launch ----------------------------------------------------------------------
+
+    def trial_config(self, recipe: Recipe, steps: int, seed: int, workdir: Path) -> dict[str, Any]:
+        """Settings a trial adds on top of the recipe's [config]."""
+        config = canonical_config(dict(recipe.config))
+        own = recipe_values(*self._module_config(recipe)) or {}
+        full_length = config.get("training.steps", own.get("training.steps"))
+        extra: dict[str, Any] = {
+            "training.steps": self.warmup_steps + steps, "metrics.log_freq": 1,
+            "metrics.enable_tensorboard": False, "metrics.enable_wandb": False, "checkpoint.enable": False,
+            "validator.enable": False, "profiler.enable_profiling": False, "debug.seed": seed,
+            "dump_folder": str(Path(workdir) / "outputs"),
+        }
+        if full_length and "lr_scheduler.total_steps" not in config:
+            extra["lr_scheduler.total_steps"] = int(full_length)
+        if self.smoke_assets:
+            extra |= smoke_assets.materialize(Path(workdir) / "assets")
+        return extra | self.extra_config
+
+    def launch(self, recipe: Recipe, steps: int, seed: int, workdir: Path) -> Launch:
+        env = dict(self.env)
+        if self.smoke_assets:
+            env |= smoke_assets.OFFLINE_ENV | {"HF_DATASETS_CACHE": str(Path(workdir) / "hf_datasets_cache")}
+        return render_launch(recipe, extra=self.trial_config(recipe, steps, seed, workdir), env=env,
+                             rdzv_endpoint=self.rdzv_endpoint, rdzv_id=f"attune-{recipe.name}-{seed}")
+
+    @staticmethod
+    def _module_config(recipe: Recipe) -> tuple[str, str]:
+        if recipe.torchtitan is None:
+            raise InputError(f"{recipe.name}: torchtitan", "the recipe has no [torchtitan] module/config to launch")
+        return recipe.torchtitan.module, recipe.torchtitan.config
+
+    # ---- the Stack protocol --------------------------------------------------------------
+
+    def estimate_wall_time_s(self, recipe: Recipe, steps: int) -> float:
+        """Start-up (+ compile) + (warm-up + steps) x a step at a low MFU. Once trials have run,
+        measured figures replace the priors (x1.25): start-up per model, cluster and compile
+        setting, step time per launch."""
+        layout, arch, part = recipe.layout(), recipe.architecture, recipe.cluster.part
+        n_steps = self.warmup_steps + steps
+        peak = (part.peak_fp8_tflops if layout.float8 != "none" and part.supports_float8 else part.peak_bf16_tflops)
+        flops = 6.0 * arch.active_params * layout.tokens_per_step * RECOMPUTE_FACTOR.get(layout.ac_mode, 4.0 / 3.0)
+        step_s = flops / (recipe.cluster.gpus * peak * 1e12 * MFU_FLOOR)
+        startup = STARTUP_S + INIT_S_PER_B_PARAMS * arch.total_params / 1e9 + (COMPILE_S if layout.compile else 0.0)
+        seen_startup = self._startup_s.get(self._startup_key(recipe))
+        seen_step = self._step_s.get(self._key(recipe))
+        if seen_startup is not None:
+            startup = 1.25 * seen_startup
+        if seen_step is not None:
+            step_s = 1.25 * seen_step
+        return startup + n_steps * step_s
+
+    def run_trial(self, recipe: Recipe, steps: int, seed: int, workdir: Path) -> TrialResult:
+        workdir = Path(workdir)
+        workdir.mkdir(parents=True, exist_ok=True)
+        levers = recipe.layout().levers()
+        try:
+            launch = self.launch(recipe, steps, seed, workdir)
+            self._check(launch)
+        except InputError as err:  # rejected before any GPU time: charged nothing
+            return TrialResult(status=TrialStatus.CRASH, stack=self.name, levers=levers, gpus=recipe.cluster.gpus,
+                               wall_time_s=0.0, simulated=False, message=f"rejected before launch: {err}")
+        (workdir / "launch.json").write_text(json.dumps(launch.payload(), indent=2))
+        limits = RunLimits(measure_steps=steps, warmup_steps=self.warmup_steps,
+                           startup_timeout_s=self.startup_timeout_s, stall_timeout_s=self.stall_timeout_s)
+        outcome = self.executor(launch, workdir / "train.log", limits, workdir)
+        return self._result(recipe, outcome, levers, launch)
+
+    # ---- helpers -------------------------------------------------------------------------
+
+    def _check(self, launch: Launch) -> None:
+        if self.validate is False or (self.validate == "auto" and not torchtitan_available()):
+            return
+        error = validate_batch([launch.train_args])[0]
+        if error:
+            raise InputError("torchtitan ConfigManager", error)
+
+    @staticmethod
+    def _startup_key(recipe: Recipe) -> str:
+        return f"{recipe.model_name}|{recipe.cluster.label}|{recipe.layout().compile}"
+
+    def _key(self, recipe: Recipe) -> str:
+        return json.dumps([recipe.cluster.label, sorted(canonical_config(dict(recipe.config)).items())], default=str)
+
+    def _result(self, recipe: Recipe, outcome: RunOutcome, levers: dict[str, Any], launch: Launch) -> TrialResult:
+        timed = measured(outcome.steps, self.warmup_steps)
+        tps = median_or_none([s.tps for s in timed])
+        mfu = median_or_none([s.mfu for s in timed])
+        memory = [s.memory_gib for s in outcome.steps if s.memory_gib is not None and math.isfinite(s.memory_gib)]
+        step_time = recipe.layout().tokens_per_step / (tps * recipe.cluster.gpus) if tps else None
+        if step_time and outcome.status == TrialStatus.OK:
+            self._step_s[self._key(recipe)] = step_time
+            self._startup_s[self._startup_key(recipe)] = max(0.0, outcome.wall_time_s - len(outcome.steps) * step_time)
+        message = outcome.message
+        if outcome.status == TrialStatus.OK and not timed:
+            message = f"{message}; no step after the {self.warmup_steps} warm-up steps to measure"
+        return TrialResult(
+            status=outcome.status, stack=self.name, levers=levers, gpus=recipe.cluster.gpus,
+            wall_time_s=outcome.wall_time_s, tokens_per_sec_per_gpu=tps, mfu=mfu, step_time_s=step_time,
+            peak_memory_gib=max(memory) if memory else None, steps=outcome.steps, simulated=False, message=message,
+            breakdown={"hbm_gib": recipe.cluster.memory_gib, "measured_steps": len(timed),
+                       "warmup_steps": self.warmup_steps, "log": outcome.log_path, "argv": launch.argv,
+                       "ac_mode": levers.get(AC_MODE), "compile": levers.get(COMPILE)})

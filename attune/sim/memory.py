@@ -1,0 +1,77 @@
+"""Peak device memory per GPU under FSDP2 mixed precision, vectorised over layouts.
+
+  parameters  fp32 master shard (4 B/param) + bf16 unsharded working copy: a couple of prefetched
+              layers without PP; the whole stage with PP (torchtitan keeps it gathered, no reshard)
+  gradients   fp32 shard (4 B/param) + unsharded transients (the whole stage in bf16 with PP, where
+              reduce-scatter waits for the last micro-batch)
+  optimizer   Adam moments, fp32 (8 B/param), sharded
+  activations saved per layer and token (none / selective / full recomputation), times the
+              micro-batches in flight on the first pipeline stage (1F1B: pp; GPipe: all;
+              interleaved: a little more), plus one layer's working set and the logits
+  other       CUDA context, NCCL, workspaces, float8 buffers, and allocator fragmentation
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from attune.sim.arrays import SCHEDULES, LayoutArrays
+from attune.sim.effects import NEUTRAL, Effects
+from attune.sim.params import MemoryParams, StackEfficiency
+from attune.sim.shapes import Shapes
+from attune.spec import ModelSpec
+
+GIB = float(2**30)
+GPIPE = SCHEDULES.index("GPipe")
+
+
+def _per_token_layer(model: ModelSpec, p: MemoryParams, imbalance: np.ndarray) -> tuple[float, np.ndarray]:
+    """Saved activation elements per token for one dense and one MoE layer (no recomputation)."""
+    attn = p.act_d * model.dim + p.act_q * model.n_heads * model.head_dim + p.act_kv * model.n_kv_heads * model.head_dim
+    dense = attn + p.act_ffn * model.ffn_dim
+    if not model.is_moe:
+        return dense, np.zeros_like(imbalance)
+    routed = model.top_k * imbalance
+    moe = (attn + p.act_moe_routed * model.dim * routed
+           + p.act_ffn * model.moe_ffn_dim * (routed + model.n_shared_experts) + 2.0 * model.n_experts)
+    return dense, moe
+
+
+def peak_memory(model: ModelSpec, la: LayoutArrays, sh: Shapes, p: MemoryParams, eff: StackEfficiency,
+                fx: Effects = NEUTRAL) -> dict[str, np.ndarray]:
+    """GiB per part on the busiest GPU; `total_gib` is what a memory report shows (reserved)."""
+    tp, M, L = sh.tp, sh.tokens, sh.layers
+    full = la.ac == 2
+    dense_el, moe_el = _per_token_layer(model, p, sh.imbalance)
+    layer_bytes = 2.0 * ((1 - sh.moe_frac) * dense_el + sh.moe_frac * moe_el) / tp   # SP splits by tp
+    keep = np.where(full, 2.0 * model.dim / tp / np.maximum(layer_bytes, 1e-9),
+                    np.where(la.ac == 1, p.sac_keep, 1.0))
+    scale = np.where(la.comp, p.compile_act, 1.0) * np.where(la.f8 > 0, p.fp8_act, 1.0)
+
+    extra = np.array([eff.inflight.get(s, 0.0) for s in SCHEDULES])[la.sched]
+    inflight_first = np.where(la.sched == GPIPE, sh.m, np.minimum(sh.m, sh.pp + extra * (sh.pp - 1) / sh.v))
+    inflight_first = np.where(sh.piped, inflight_first, 1.0)
+    inflight_last = np.where(sh.piped & (la.sched == GPIPE), sh.m, 1.0)
+    saved = L * M * layer_bytes * keep * scale
+    working = M * layer_bytes * scale                       # one layer in backward / being recomputed
+    working = working + np.where(tp > 1, p.tp_gathered * M * model.dim * 2.0, 0.0)  # SP gathers are not /tp
+    logits = M * model.vocab_size / tp * p.logits_bytes
+
+    shard = sh.sharded_params
+    unsharded = sh.dense_local + sh.expert_local
+    per_layer_unsharded = unsharded / (L + 2.0)
+    params = 4.0 * shard + np.where(sh.piped, 2.0 * unsharded, 2.0 * p.prefetch_layers * per_layer_unsharded
+                                    + 2.0 * model.vocab_size * model.dim / tp)
+    grads = 4.0 * shard + np.where(sh.piped, 2.0 * unsharded, 4.0 * p.prefetch_layers * per_layer_unsharded)
+    optim = 8.0 * shard
+    act_first = saved * inflight_first + working + np.where(sh.piped, 0.0, logits)
+    act_last = saved * inflight_last + working + logits
+    acts = np.maximum(act_first, act_last)
+    live = params + grads + optim + acts
+    fixed = (p.fixed_gib + p.fp8_fixed_gib * (la.f8 > 0)) * GIB
+    frag = p.fragmentation + fx.fragmentation + fx.fragmentation_per_inflight * inflight_first
+    other = fixed + frag * live
+    out = {"params": params / GIB, "grads": grads / GIB, "optimizer": optim / GIB, "activations": acts / GIB,
+           "other": other / GIB}
+    out["total_gib"] = (live + other) / GIB
+    return out

@@ -1,0 +1,42 @@
+"""The recipe store: the best verified recipe per (model, cluster, stack), in a folder or on S3.
+
+    store = open_store(None)                 # $ATTUNE_STORE, else $ATTUNE_HOME/store (./.attune/store)
+    store = open_store("s3://bucket/prefix") # endpoint and credentials from the AWS environment
+    kept, current = store.put(entry)         # keeps the better of entry and what is stored
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from attune.errors import InputError
+from attune.store.base import RecipeStore, StoreError
+from attune.store.entry import (StoreEntry, better, cost_per_million_tokens, entry_for_recipe, entry_key,
+                                rank)
+from attune.store.local import LocalBlobs
+
+__all__ = ["RecipeStore", "StoreEntry", "StoreError", "better", "cost_per_million_tokens", "default_store_uri",
+           "entry_for_recipe", "entry_key", "open_store", "rank"]
+
+
+def default_store_uri() -> str:
+    """$ATTUNE_STORE if set, else the store folder under $ATTUNE_HOME (./.attune when unset)."""
+    return os.environ.get("ATTUNE_STORE") or str(Path(os.environ.get("ATTUNE_HOME") or ".attune") / "store")
+
+
+def open_store(uri: str | None = None) -> RecipeStore:
+    """A store from `s3://bucket[/prefix]`, `file:///path`, a folder path, or None for the default."""
+    uri = uri or default_store_uri()
+    if uri.startswith("s3://"):
+        bucket, _, prefix = uri[len("s3://"):].partition("/")
+        if not bucket:
+            raise InputError("--store", f"{uri!r}: expected s3://BUCKET[/PREFIX]")
+        from attune.store.s3 import S3Blobs  # boto3 loads only when S3 is used
+
+        return RecipeStore(S3Blobs(bucket, prefix))
+    if uri.startswith("file://"):
+        uri = uri[len("file://"):]
+    elif "://" in uri:
+        raise InputError("--store", f"{uri.split('://')[0]}:// is not supported; use s3://BUCKET/PREFIX or a folder")
+    return RecipeStore(LocalBlobs(uri))

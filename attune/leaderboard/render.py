@@ -71,7 +71,7 @@ def render_md(board: Board) -> str:
                      fmt_stack(row.stack), row.measured_at, row.mlflow_run_id or "–"]
             lines.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
         lines.append("")
-    lines += [SIM_NOTE, COST_NOTE, "", f"_Generated {board.generated_at}._", ""]
+    lines += [SIM_NOTE, "", COST_NOTE, "", f"_Generated {board.generated_at}._", ""]
     return "\n".join(lines)
 
 

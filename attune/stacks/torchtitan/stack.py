@@ -82,6 +82,7 @@ class TorchtitanStack:
         self.extra_config = dict(extra_config or {})
         self._step_s: dict[str, float] = {}      # launch key -> measured step time
         self._startup_s: dict[str, float] = {}   # model, cluster, compile -> measured start-up
+        self._validated: set[str] = set()
 
     # ---- the launch ----------------------------------------------------------------------
 
@@ -141,7 +142,7 @@ class TorchtitanStack:
         levers = recipe.layout().levers()
         try:
             launch = self.launch(recipe, steps, seed, workdir)
-            self._check(launch)
+            self._check(launch, self._key(recipe))
         except InputError as err:  # rejected before any GPU time: charged nothing
             return TrialResult(status=TrialStatus.CRASH, stack=self.name, levers=levers, gpus=recipe.cluster.gpus,
                                wall_time_s=0.0, simulated=False, message=f"rejected before launch: {err}")
@@ -153,12 +154,14 @@ class TorchtitanStack:
 
     # ---- helpers -------------------------------------------------------------------------
 
-    def _check(self, launch: Launch) -> None:
+    def _check(self, launch: Launch, recipe_key: str) -> None:
         if self.validate is False or (self.validate == "auto" and not torchtitan_available()):
             return
-        error = validate_batch([launch.train_args])[0]
-        if error:
-            raise InputError("torchtitan ConfigManager", error)
+        if recipe_key not in self._validated:  # replicates differ only in seed and folders: check once
+            error = validate_batch([launch.train_args])[0]
+            if error:
+                raise InputError("torchtitan ConfigManager", error)
+            self._validated.add(recipe_key)
 
     @staticmethod
     def _startup_key(recipe: Recipe) -> str:

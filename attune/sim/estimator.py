@@ -65,7 +65,9 @@ def startup_s(recipe: Recipe, layout: Layout | None = None) -> float:
 
 
 def estimate_wall_time_s(recipe: Recipe, steps: int) -> float:
-    """Conservative: the estimator's step time with a 30% margin, a slow first step, and start-up
-    at its upper end; an estimate that predicts OOM is still charged the full run."""
+    """Conservative: start-up, the slow first step and `steps` steps, all with a 30% margin (the
+    truth's start-up varies by +-10% and its steps by the estimator's error); a layout the
+    estimator expects to run out of memory is still charged the full run."""
+    eff = stack_efficiency(STACK)
     step = float(estimate_many(recipe, [recipe.layout()])["step_s"][0])
-    return 1.3 * (startup_s(recipe) + 30.0 + (steps + 2) * step)
+    return 1.3 * (startup_s(recipe) + eff.warmup_s + (max(int(steps), 1) + eff.warmup_steps) * step)

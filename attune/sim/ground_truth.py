@@ -14,7 +14,7 @@ the oracle and every campaign on the same cluster see the same cluster:
   * stack quirks: compile helps much less under one pipeline schedule, per-schedule bubble
     overhead, float8 rowwise slower, selective-AC recompute heavier or lighter, host overhead,
     more or less of the expert all-to-all exposed;
-  * memory: allocator fragmentation (+0..6% of the live peak, more with micro-batches in flight),
+  * memory: allocator fragmentation (+0..4% of the live peak, more with micro-batches in flight),
     so a layout the estimator calls fitting can run out of memory;
   * run-to-run noise: CV 1-2.5% of step time, part shared by a run and part per step, from the
     trial's own seed (noise off for the oracle).
@@ -45,9 +45,10 @@ _M1, _M2, _M3 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np
 
 def _mix(x: np.ndarray) -> np.ndarray:
     """splitmix64 finaliser, vectorised (uint64 arithmetic wraps, as intended)."""
-    x = (x + _M3).astype(np.uint64)
-    x = ((x ^ (x >> np.uint64(30))) * _M1).astype(np.uint64)
-    x = ((x ^ (x >> np.uint64(27))) * _M2).astype(np.uint64)
+    with np.errstate(over="ignore"):
+        x = np.asarray(x + _M3, dtype=np.uint64)
+        x = np.asarray((x ^ (x >> np.uint64(30))) * _M1, dtype=np.uint64)
+        x = np.asarray((x ^ (x >> np.uint64(27))) * _M2, dtype=np.uint64)
     return x ^ (x >> np.uint64(31))
 
 

@@ -9,6 +9,8 @@
               micro-batches in flight on the first pipeline stage (1F1B: pp; GPipe: all;
               interleaved: a little more), plus one layer's working set and the logits
   other       CUDA context, NCCL, workspaces, float8 buffers, and allocator fragmentation
+
+A layout fits when live memory plus real fragmentation fits; the reported peak is reserved memory.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ def _per_token_layer(model: ModelSpec, p: MemoryParams, imbalance: np.ndarray) -
 
 def peak_memory(model: ModelSpec, la: LayoutArrays, sh: Shapes, p: MemoryParams, eff: StackEfficiency,
                 fx: Effects = NEUTRAL) -> dict[str, np.ndarray]:
-    """GiB per part on the busiest GPU; `total_gib` is what a memory report shows (reserved)."""
+    """GiB per part on the busiest GPU. `total_gib` is what a memory report shows (reserved, the
+    parts sum to it); `required_gib` is what must fit in the device for the run to succeed."""
     tp, M, L = sh.tp, sh.tokens, sh.layers
     full = la.ac == 2
     dense_el, moe_el = _per_token_layer(model, p, sh.imbalance)
@@ -69,9 +72,12 @@ def peak_memory(model: ModelSpec, la: LayoutArrays, sh: Shapes, p: MemoryParams,
     acts = np.maximum(act_first, act_last)
     live = params + grads + optim + acts
     fixed = (p.fixed_gib + p.fp8_fixed_gib * (la.f8 > 0)) * GIB
-    frag = p.fragmentation + fx.fragmentation + fx.fragmentation_per_inflight * inflight_first
-    other = fixed + frag * live
+    # Fragmentation that really blocks an allocation (the caching allocator frees its cache and
+    # retries before it fails); what torchtitan reports is reserved memory, a little more again.
+    frag = fx.fragmentation + fx.fragmentation_per_inflight * inflight_first
+    other = fixed + (p.fragmentation + frag) * live
     out = {"params": params / GIB, "grads": grads / GIB, "optimizer": optim / GIB, "activations": acts / GIB,
            "other": other / GIB}
     out["total_gib"] = (live + other) / GIB
+    out["required_gib"] = (live * (1.0 + frag) + fixed) / GIB
     return out

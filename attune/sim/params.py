@@ -68,6 +68,8 @@ class StackEfficiency(BaseModel):
     launch_s_per_100b_params: float
     compile_s: float
     compile_s_per_layer_kind: float
+    warmup_steps: float
+    warmup_s: float
     bubble: dict[str, float]
     inflight: dict[str, float]
 

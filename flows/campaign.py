@@ -44,7 +44,7 @@ def _tags(c: Campaign) -> dict[str, str]:
 
 
 def _progress(c: Campaign, text: str) -> None:
-    if c.settings.stack_options.get("quiet"):
+    if c.quiet:
         return
     left = c.state.budget.left
     print(f"[attune {c.state.campaign_id}] {text} (budget left {left:.1f} GPU-h)", file=sys.stderr, flush=True)
@@ -53,7 +53,7 @@ def _progress(c: Campaign, text: str) -> None:
 def _measure(c: Campaign, tracker: Tracker, role: str, levers: dict[str, Any], proposal=None, reserve: float = 0.0):
     """Run one trial with its retries, record, diagnose and track it; None if the budget is spent."""
     c.attempts, c.last_result = 0, None
-    pool = c.settings.stack_options.get("pool", c.settings.stack)
+    pool = c.gpu_pool or c.settings.stack
     try:
         result = run_trial.with_options(tags=[f"gpu-pool:{pool}"])(c, role, levers, reserve)
     except InfrastructureFault as fault:
@@ -84,13 +84,14 @@ def tune_campaign(recipe_path: str, budget_gpu_hours: float, stack: str = "sim",
                   disabled_rules: list[str] | None = None, gate_steps: int | None = None,
                   mlflow_uri: str | None = None, out: str | None = None, store: str | None = None,
                   model_spec: str | None = None, stack_options: dict[str, Any] | None = None,
-                  planner_options: dict[str, Any] | None = None):
+                  planner_options: dict[str, Any] | None = None, gpu_pool: str | None = None, quiet: bool = False):
     recipe = load_campaign_recipe(recipe_path, cluster, model_spec)
     settings = CampaignSettings(budget_gpu_hours=budget_gpu_hours, stack=stack, planner=planner, seed=seed,
                                 steps_per_trial=steps_per_trial, replicates=replicates,
                                 disabled_rules=tuple(disabled_rules or ()), gate_steps=gate_steps,
                                 stack_options=dict(stack_options or {}), planner_options=dict(planner_options or {}))
     c = engine.open_campaign(recipe, settings)
+    c.quiet, c.gpu_pool = quiet, gpu_pool
     if c.state.phase == "done" and c.state.result:
         return Completed(message=c.state.result["stop_reason"], data=c.state.result)
     tracker = Tracker(mlflow_uri)

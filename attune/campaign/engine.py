@@ -62,6 +62,8 @@ class Campaign:
     planner: Any
     attempts: int = 0                       # attempts of the trial in flight (retries included)
     last_result: TrialResult | None = None  # its latest result, also when the last attempt failed
+    quiet: bool = False                     # no progress lines
+    gpu_pool: str | None = None             # tag of the trial tasks: gpu-pool:<name> (concurrency limits)
 
     @property
     def state_path(self) -> Path:

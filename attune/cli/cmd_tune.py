@@ -35,8 +35,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    # Our own progress lines say what happens; Prefect's console logs (tracebacks of retried
+    # trials included) would bury them. PREFECT_LOGGING_LEVEL=INFO brings them back.
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "CRITICAL")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # The ephemeral API server starts in ~10 s; on a loaded 2-core machine 20 s (the default) is short.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     if args.budget_gpu_hours <= 0:
         raise InputError("--budget-gpu-hours", f"must be > 0, got {args.budget_gpu_hours:g}")
     planner_options = {}
@@ -49,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
                            cluster=args.cluster, seed=args.seed, steps_per_trial=args.steps,
                            replicates=args.replicates, disabled_rules=args.disable_rule, gate_steps=args.gate_steps,
                            mlflow_uri=args.mlflow_uri, out=args.out, store=args.store, model_spec=args.model_spec,
-                           stack_options={"quiet": True} if args.quiet else {}, planner_options=planner_options)
+                           planner_options=planner_options, quiet=args.quiet)
     emit(result, args.json, _text(result))
     return 0
 

@@ -10,7 +10,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field
+from pydantic import BaseModel, ConfigDict, Field
 
 from attune.recipe import Recipe
 
@@ -59,9 +59,8 @@ class TrialResult(BaseModel):
     simulated: bool = False
     message: str = ""
 
-    @computed_field
     @property
-    def gpu_hours(self) -> float:
+    def gpu_hours(self) -> float:  # derived, not stored: a saved result loads back exactly
         return self.gpus * self.wall_time_s / 3600.0
 
     @property

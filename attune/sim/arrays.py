@@ -67,7 +67,8 @@ def stages_per_rank(pp: np.ndarray, sched: np.ndarray) -> np.ndarray:
 def from_columns(**cols) -> LayoutArrays:
     """Build from integer columns; v and async_tp are derived when absent."""
     n = len(np.atleast_1d(cols["tp"]))
-    out = {k: np.broadcast_to(np.asarray(v), (n,)).copy() for k, v in cols.items()}
+    out = {k: v if isinstance(v, np.ndarray) and v.shape == (n,) else np.broadcast_to(np.asarray(v), (n,)).copy()
+           for k, v in cols.items()}
     out.setdefault("v", stages_per_rank(out["pp"], out["sched"]))
     out.setdefault("async_tp", np.zeros(n, dtype=bool))
     out["comp"] = out["comp"].astype(bool)

@@ -7,6 +7,7 @@ bandwidth comes from attune/data/sim_efficiency.toml.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from attune.sim.params import hardware_params
@@ -35,6 +36,7 @@ class Hardware:
         return self.peak_fp8 > 0
 
 
+@functools.lru_cache(maxsize=512)
 def hardware(cluster: ClusterSpec, power_w: float | None = None, hbm_gib: float | None = None) -> Hardware:
     part = cluster.part
     params = hardware_params()

@@ -41,6 +41,7 @@ class StackEfficiency(BaseModel):
     loss_bytes: float
     compile_ew: float
     compile_cast: float
+    compile_moe: float
     launch_us_layer: float
     launch_us_moe: float
     compile_launch: float

@@ -64,6 +64,7 @@ def step_time(model: ModelSpec, hw: Hardware, la: LayoutArrays, sh: Shapes, eff:
     hbm = hw.hbm_bps * eff.hbm_eff
     gain = _sched_table(fx.compile_gain, la.sched, 1.0)
     ew_scale = np.where(comp, 1.0 - gain * (1.0 - eff.compile_ew), 1.0)
+    moe_scale = np.where(comp, 1.0 - gain * (1.0 - eff.compile_moe), 1.0)
     cast_scale = np.where(comp, 1.0 - gain * (1.0 - eff.compile_cast), 1.0) * (f8 > 0)
     launch = eff.launch_us_layer * 1e-6 * np.where(comp, eff.compile_launch, 1.0) * fx.launch_slow
 
@@ -100,8 +101,8 @@ def step_time(model: ModelSpec, hw: Hardware, la: LayoutArrays, sh: Shapes, eff:
         t_shared = (_gemm_time(6.0 * d * shared / tp * M, M, shared / tp, lin_rate, eff, fx, GEMM_FFN, f8)
                     if shared else 0.0)
         t_router = 2.0 * d * E * M / tp / (bf16_rate * 0.5)
-        ew_moe = (eff.ew_bytes_ffn * f_e * (k * imb + model.n_shared_experts) * M / tp
-                  + eff.ew_bytes_moe * d * k * imb * M / tp) * ew_scale
+        ew_moe = (eff.ew_bytes_ffn * f_e * (k * imb + model.n_shared_experts) * M / tp * ew_scale
+                  + eff.ew_bytes_moe * d * k * imb * M / tp * moe_scale)
         ew_moe += eff.fp8_cast_bytes * (k * imb + model.n_shared_experts) * (d + f_e) * M / tp * cast_scale
         fwd_moe = t_attn_proj + t_exp + t_shared + t_router
         ew_moe_t = (ew_attn + ew_moe) / hbm

@@ -1,0 +1,133 @@
+"""`attune gate`: the correctness gate from the command line.
+
+  attune gate [check] --baseline A.toml --candidate B.toml [--curves DIR | --proxy] [--json]
+  attune gate eval [--steps N] [--quick] [--json]
+
+One parser with an optional action, so the bare form (`attune gate --baseline ...`) and the
+sub-action form (`attune gate eval ...`) both parse as written. Exit codes: 0 the gate passed,
+1 it failed, 2 bad input (one line on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from attune.cli.common import emit
+from attune.errors import InputError
+from attune.recipe import load_recipe
+
+_CHECK_ONLY = ("baseline", "candidate", "curves", "proxy", "workdir")
+_EVAL_ONLY = ("quick", "only", "workers")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    gate = subparsers.add_parser(
+        "gate", help="correctness gate: config check, known defects, convergence (or `gate eval`: its fault suite)",
+        description="attune gate [check] --baseline A --candidate B [--curves DIR | --proxy] [--json]\n"
+                    "attune gate eval [--steps N] [--quick] [--json]",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    gate.add_argument("action", nargs="?", choices=("check", "eval"), default="check",
+                      help="check (default): judge a candidate; eval: run the fault and legitimate suites")
+    gate.add_argument("--baseline", metavar="RECIPE", help="the baseline recipe (check)")
+    gate.add_argument("--candidate", metavar="RECIPE", help="the candidate recipe (check)")
+    gate.add_argument("--curves", metavar="DIR", help="curves folder: baseline-1.csv ... and candidate.csv (check)")
+    gate.add_argument("--proxy", action="store_true",
+                      help="train real curves on the CPU proxy and run the convergence check on them (check)")
+    gate.add_argument("--workdir", metavar="DIR", help="where --proxy / eval write curves and plots")
+    gate.add_argument("--steps", type=int, metavar="N", help="proxy steps (default 40; eval --quick: 12)")
+    gate.add_argument("--quick", action="store_true", help="eval: a small subset at few steps (for tests)")
+    gate.add_argument("--only", metavar="IDS", help="eval: comma-separated case ids")
+    gate.add_argument("--workers", type=int, metavar="N", help="eval: proxy runs in parallel processes (default 1)")
+    gate.add_argument("--json", action="store_true", help="print JSON")
+    gate.set_defaults(func=_run)
+
+
+def _given(args: argparse.Namespace, names: tuple[str, ...]) -> list[str]:
+    return [f"--{n}" for n in names if getattr(args, n) not in (None, False)]
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.steps is not None and args.steps < 1:
+        raise InputError("--steps", f"must be a positive integer, got {args.steps}")
+    if args.action == "eval":
+        wrong = _given(args, _CHECK_ONLY[:-1])
+        if wrong:
+            raise InputError(wrong[0], "not an option of `attune gate eval`")
+        return _eval(args)
+    wrong = _given(args, _EVAL_ONLY)
+    if wrong:
+        raise InputError(wrong[0], "only `attune gate eval` takes this option")
+    return _check(args)
+
+
+def _check(args: argparse.Namespace) -> int:
+    from gate.config_check import check_config
+    from gate.convergence import check_convergence
+    from gate.models import GateReport
+    from gate.verify import verify
+
+    for flag in ("baseline", "candidate"):
+        if not getattr(args, flag):
+            raise InputError(f"--{flag}", "required (attune gate --baseline A.toml --candidate B.toml)")
+    if args.curves and args.proxy:
+        raise InputError("--curves", "give either --curves DIR or --proxy, not both")
+    baseline, candidate = load_recipe(args.baseline), load_recipe(args.candidate)
+    if args.proxy:
+        report = verify(baseline, candidate, Path(args.workdir or "gate-run"), steps=args.steps)
+    else:
+        config = check_config(baseline, candidate)
+        if args.curves:
+            verdict = check_convergence(Path(args.curves), Path(args.workdir) if args.workdir else None)
+            passed = config.passed and verdict.passed is True
+            note = verdict.reason if verdict.passed is not None else \
+                f"inconclusive: {verdict.reason} (rerun with {verdict.need_more_steps} steps)"
+            report = GateReport(passed=passed, config=config, convergence=verdict, note=note,
+                                steps_used=verdict.steps_used, plot=verdict.plot)
+        else:
+            numerics = bool(config.numerics_change)
+            note = "config check only: no curves given, convergence not checked"
+            if numerics:
+                note += "; a numerics change needs the convergence check (--curves DIR or --proxy)"
+            report = GateReport(passed=config.passed and not numerics, config=config, convergence=None, note=note)
+    emit(report.model_dump(mode="json"), args.json, _text(report))
+    return 0 if report.passed else 1
+
+
+def _text(report) -> str:
+    lines = [f"gate: {'PASS' if report.passed else 'FAIL'} ({report.note})"]
+    for v in report.config.violations:
+        lines.append(f"  objective field {v.field}: {v.reason} (baseline {v.baseline!r}, candidate {v.candidate!r})")
+    for d in report.config.defects:
+        lines.append(f"  known defect {d.id}: {d.symptom} [{d.source}]")
+    for n in report.config.numerics_change:
+        lines.append(f"  numerics change {n.field}: {n.reason}")
+    if report.convergence is not None:
+        c = report.convergence
+        lines.append(f"  convergence: {c.reason}; {c.mode}, {c.steps_used} steps, {c.replicates} replicates; "
+                     f"worst {c.statistic.get('name')} (ratio {c.statistic.get('ratio')}); plot {c.plot}")
+    return "\n".join(lines)
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from gate.evaluate import evaluate, suite, table
+
+    only = [s.strip() for s in args.only.split(",")] if args.only else None
+    if only:
+        known = {c["id"] for c in suite()["cases"]}
+        unknown = [s for s in only if s not in known]
+        if unknown:
+            raise InputError("--only", f"unknown case id {unknown[0]!r}")
+    workers = 1 if args.workers is None else args.workers
+    if workers < 1:
+        raise InputError("--workers", f"must be >= 1, got {workers}")
+    report = evaluate(steps=args.steps, quick=args.quick, workdir=Path(args.workdir) if args.workdir else None,
+                      workers=workers, only=only)
+    if args.json:
+        json.dump(report.model_dump(mode="json"), sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(table(report) + "\n")
+    return 0 if report.false_rejects == 0 and report.caught == report.faults else 1

@@ -1,0 +1,163 @@
+"""Reading and writing a curves folder.
+
+Layout of a folder (one verdict):
+  baseline-1.csv, baseline-2.csv, ...   the replicates (k >= 2), same seed and data policy
+  candidate.csv                         the run under test
+  <name>.step1.json                     optional: that run's step-1 probe record (see proxy.train.probe)
+  manifest.json                         optional: {"tier": "exact" | "numerics", "numerics_change": [...]}
+Each CSV starts with the header `step,loss`; optional further columns, in any order:
+  eval_loss   loss on a fixed held-out batch (plain next-token cross-entropy)
+  grad_norm   pre-clip global gradient norm
+  expert_imbalance  MoE: coefficient of variation of tokens per expert over the step's batch
+  batch_hash  order-independent hash of the step's global batch (data identity; pairs runs that saw
+              the same batches)
+A file with only `step,loss` is valid on its own; a column is used only when every run has it.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from attune.errors import InputError
+
+OPTIONAL = ("eval_loss", "grad_norm", "expert_imbalance", "batch_hash")
+METRICS = ("loss", "eval_loss", "grad_norm", "expert_imbalance")
+_BASELINE = re.compile(r"^baseline-(\d+)\.csv$")
+
+
+@dataclass
+class Curve:
+    name: str
+    steps: list[int]
+    columns: dict[str, list[float]] = field(default_factory=dict)   # loss, eval_loss, grad_norm
+    hashes: list[str] | None = None
+    step1: dict | None = None
+
+
+@dataclass
+class CurveSet:
+    baselines: list[Curve]
+    candidate: Curve
+    manifest: dict
+
+    @property
+    def metrics(self) -> list[str]:
+        runs = self.baselines + [self.candidate]
+        return [m for m in METRICS if all(m in r.columns for r in runs)]
+
+    @property
+    def has_hashes(self) -> bool:
+        return all(r.hashes is not None for r in self.baselines + [self.candidate])
+
+
+def _read_csv(path: Path) -> Curve:
+    if not path.is_file():
+        raise InputError(str(path), "curve file not found")
+    rows = list(csv.reader(io.StringIO(path.read_text())))
+    if not rows or [h.strip() for h in rows[0][:2]] != ["step", "loss"]:
+        raise InputError(str(path), "a curve file must start with the header `step,loss`")
+    header = [h.strip() for h in rows[0]]
+    unknown = [h for h in header[2:] if h not in OPTIONAL]
+    if unknown:
+        raise InputError(str(path), f"unknown column(s) {', '.join(unknown)}; allowed after step,loss: "
+                                    f"{', '.join(OPTIONAL)}")
+    body = [r for r in rows[1:] if any(cell.strip() for cell in r)]
+    if not body:
+        raise InputError(str(path), "no data rows")
+    curve = Curve(name=path.stem, steps=[], columns={h: [] for h in header[1:] if h != "batch_hash"},
+                  hashes=[] if "batch_hash" in header else None)
+    for n, row in enumerate(body, start=2):
+        if len(row) != len(header):
+            raise InputError(f"{path}:{n}", f"expected {len(header)} values, got {len(row)}")
+        try:
+            step = int(row[0])
+        except ValueError:
+            raise InputError(f"{path}:{n}", f"step must be an integer, got {row[0]!r}") from None
+        if curve.steps and step <= curve.steps[-1]:
+            raise InputError(f"{path}:{n}", "steps must increase")
+        curve.steps.append(step)
+        for h, cell in zip(header[1:], row[1:]):
+            if h == "batch_hash":
+                curve.hashes.append(cell.strip())
+                continue
+            try:
+                value = float(cell)
+            except ValueError:
+                raise InputError(f"{path}:{n}", f"{h} must be a number, got {cell!r}") from None
+            if not math.isfinite(value) or (h == "grad_norm" and value <= 0) or (h == "expert_imbalance" and value < 0):
+                raise InputError(f"{path}:{n}", f"{h} is {cell}: the run diverged or logged garbage")
+            curve.columns[h].append(value)
+    return curve
+
+
+def _read_step1(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise InputError(str(path), f"not valid JSON ({err.msg})") from None
+    if not isinstance(data, dict):
+        raise InputError(str(path), "a step-1 record must be a JSON object")
+    return data
+
+
+def read_curves(folder: Path | str) -> CurveSet:
+    """Every run of a curves folder, validated: >= 2 baselines, a candidate, identical step columns."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise InputError(str(folder), "curves folder not found")
+    numbered = sorted((int(m.group(1)), p) for p in folder.iterdir() if (m := _BASELINE.match(p.name)))
+    if len(numbered) < 2:
+        raise InputError(str(folder), "need at least two baseline replicates (baseline-1.csv, baseline-2.csv, ...)")
+    expected = list(range(1, len(numbered) + 1))
+    if [i for i, _ in numbered] != expected:
+        missing = sorted(set(range(1, max(i for i, _ in numbered) + 1)) - {i for i, _ in numbered})
+        raise InputError(str(folder / f"baseline-{missing[0]}.csv"), "curve file not found (replicates are numbered 1..k)")
+    runs = []
+    for _, path in numbered + [(0, folder / "candidate.csv")]:
+        curve = _read_csv(path)
+        curve.step1 = _read_step1(path.with_suffix(".step1.json"))
+        runs.append(curve)
+    first = runs[0]
+    for curve in runs[1:]:
+        if curve.steps != first.steps:
+            raise InputError(str(folder / f"{curve.name}.csv"),
+                             f"curves of different length or steps: {len(curve.steps)} steps "
+                             f"({curve.steps[0]}..{curve.steps[-1]}) vs {first.name}'s {len(first.steps)} "
+                             f"({first.steps[0]}..{first.steps[-1]})")
+    manifest_path = folder / "manifest.json"
+    manifest = _read_step1(manifest_path) or {}
+    if manifest.get("tier", "exact") not in ("exact", "numerics"):
+        raise InputError(str(manifest_path), "tier must be exact or numerics")
+    return CurveSet(baselines=runs[:-1], candidate=runs[-1], manifest=manifest)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def write_curve(path: Path, rows: list[dict], step1: dict | None = None) -> None:
+    """One run as CSV (+ its step-1 JSON), each file written whole or not at all."""
+    columns = ["step", "loss"] + [c for c in OPTIONAL if rows and rows[0].get(c) is not None]
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(columns)
+    for row in rows:
+        writer.writerow([row[c] if c in ("step", "batch_hash") else repr(float(row[c])) for c in columns])
+    _atomic_write(path, buf.getvalue())
+    if step1 is not None:
+        _atomic_write(path.with_suffix(".step1.json"), json.dumps(step1, indent=1, sort_keys=True))
+
+
+def write_manifest(folder: Path, manifest: dict) -> None:
+    _atomic_write(folder / "manifest.json", json.dumps(manifest, indent=1, sort_keys=True))

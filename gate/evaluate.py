@@ -1,0 +1,133 @@
+"""`attune gate eval`: run the fault and legitimate suites (gate/suite.toml) through the whole gate.
+
+Every case is built from the suite's base recipe by the lever moves (with their compensations)
+and raw config fields it names; the config check runs on the recipes, and when it passes the
+proxy trains the candidate (with the case's injected faults) against the baseline replicates,
+shared by all cases. A fault is caught when the gate fails it; a legitimate case rejected is a
+false reject. Per case the report says which checks fired, by kind.
+"""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from attune.layout import apply_levers
+from attune.levers import Scalar
+from attune.recipe import Recipe, recipe_from_dict
+from gate.config_check import check_config
+from gate.verify import DEFAULT_STEPS, converge
+
+SUITE_FILE = Path(__file__).with_name("suite.toml")
+QUICK_STEPS = 12
+QUICK_REPLICATES = 3
+
+
+class CaseResult(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    kind: str
+    label: str
+    caught: bool | None          # faults: rejected by the gate
+    false_reject: bool | None    # legitimate: rejected by the gate
+    fired: list[str]             # kinds of the checks that failed: config, defect, data, invariant, step1, curve
+    checks: list[str]            # the failing checks by name (first few)
+    steps_used: int | None
+    mode: str | None
+    seconds: float
+
+
+class EvalReport(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    faults: int
+    caught: int
+    caught_runtime: int
+    caught_config_only: int
+    legit: int
+    false_rejects: int
+    steps: int
+    seconds: float
+    per_case: list[CaseResult]
+
+
+@functools.cache
+def suite() -> dict:
+    return tomllib.loads(SUITE_FILE.read_text())
+
+
+def base_recipe() -> Recipe:
+    return recipe_from_dict(tomllib.loads(suite()["base"]), origin="gate/suite.toml base")
+
+
+def case_recipe(base: Recipe, case: dict) -> Recipe:
+    config: dict[str, Scalar] = dict(base.config)
+    if case.get("moves"):
+        config = apply_levers(config, case["moves"], base.architecture, base.cluster)
+    config |= case.get("set", {})
+    return recipe_from_dict(base.model_dump(exclude_none=True) | {"config": config, "name": case["id"]},
+                            origin=f"gate/suite.toml {case['id']}")
+
+
+def _case(case: dict, base: Recipe, workdir: Path, steps: int, replicates: int, workers: int) -> CaseResult:
+    start = time.perf_counter()
+    candidate = case_recipe(base, case)
+    config = check_config(base, candidate)
+    fired, names, verdict = [], [], None
+    if not config.passed:
+        fired = sorted({"config" for _ in config.violations} | {"defect" for _ in config.defects})
+        names = [v.field for v in config.violations] + [d.id for d in config.defects]
+    else:
+        verdict = converge(base, candidate, config, workdir / case["id"], steps, replicates, seed=0,
+                           faults=tuple(case.get("faults", ())), workers=workers)
+        kinds = {c.name: c.kind for c in verdict.checks}
+        fired = sorted({kinds[n] for n in verdict.fired})
+        names = verdict.fired
+    rejected = not config.passed or not verdict.passed
+    fault = case["kind"] == "fault"
+    return CaseResult(id=case["id"], kind=case["kind"], label=case["label"],
+                      caught=rejected if fault else None, false_reject=None if fault else rejected,
+                      fired=fired, checks=names[:6], steps_used=verdict.steps_used if verdict else None,
+                      mode=verdict.mode if verdict else None, seconds=round(time.perf_counter() - start, 2))
+
+
+def evaluate(steps: int | None = None, quick: bool = False, workdir: Path | None = None,
+             workers: int = 1, only: list[str] | None = None) -> EvalReport:
+    start = time.perf_counter()
+    steps = steps or (QUICK_STEPS if quick else DEFAULT_STEPS)
+    replicates = QUICK_REPLICATES if quick else 3
+    cases = [c for c in suite()["cases"] if (not quick or c.get("quick")) and (not only or c["id"] in only)]
+    base = base_recipe()
+    with tempfile.TemporaryDirectory(prefix="attune-gate-eval-") as tmp:
+        root = Path(workdir) if workdir is not None else Path(tmp)
+        results = [_case(c, base, root, steps, replicates, workers) for c in cases]
+    faults = [r for r in results if r.kind == "fault"]
+    legit = [r for r in results if r.kind == "legit"]
+    caught = [r for r in faults if r.caught]
+    runtime = [r for r in caught if set(r.fired) - {"config", "defect"}]
+    return EvalReport(faults=len(faults), caught=len(caught), caught_runtime=len(runtime),
+                      caught_config_only=len(caught) - len(runtime), legit=len(legit),
+                      false_rejects=sum(1 for r in legit if r.false_reject), steps=steps,
+                      seconds=round(time.perf_counter() - start, 1), per_case=results)
+
+
+def table(report: EvalReport) -> str:
+    """The per-case table (Markdown), ready for the README."""
+    lines = ["| case | kind | label | checks that fired | verdict | steps |", "| --- | --- | --- | --- | --- | --- |"]
+    for r in report.per_case:
+        if r.kind == "fault":
+            verdict = "caught" if r.caught else "**missed**"
+        else:
+            verdict = "**false reject**" if r.false_reject else "passed"
+        lines.append(f"| {r.id} | {r.kind} | {r.label} | {', '.join(r.fired) or '-'} | {verdict} | "
+                     f"{r.steps_used or '-'} |")
+    lines.append("")
+    lines.append(f"faults caught: {report.caught}/{report.faults} ({report.caught_runtime} by runtime checks, "
+                 f"{report.caught_config_only} by the config check alone); legitimate: "
+                 f"{report.legit - report.false_rejects}/{report.legit} passed, {report.false_rejects} false "
+                 f"rejects; {report.steps} steps; {report.seconds:.0f} s")
+    return "\n".join(lines)

@@ -1,0 +1,147 @@
+"""verify(): the whole gate for one baseline/candidate pair, with real curves from the proxy.
+
+Config check first; if it passes, the proxy trains the baseline replicates and the candidate,
+the curves folder and its PNG are written into workdir, the convergence check runs, and the
+steps are doubled while the verdict asks for more (at most MAX_DOUBLINGS times).
+
+Replicates: `replicates` runs under the baseline's data order (same seed checkpoint, different
+run-to-run noise) and, when the candidate's layout changes the DP degree and with it the data
+order, ORDER_REPLICATES more runs of the baseline under the candidate's data order. One of those
+would let the candidate pair with a replicate that saw its batches; two also calibrate the noise
+on those batches (with one, the proxy study rejected 5 of 5 benign layouts).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from attune.proxy.config import ProxyConfig, proxy_config
+from attune.proxy.train import ProxyRun, run
+from attune.recipe import Recipe
+from gate.config_check import check_config
+from gate.convergence import check_convergence
+from gate.curves import write_curve, write_manifest
+from gate.models import ConfigVerdict, GateReport
+
+DEFAULT_STEPS = 40
+MAX_DOUBLINGS = 2
+ORDER_REPLICATES = 2
+CANDIDATE_NOISE = 999
+_CACHE: dict[str, ProxyRun] = {}
+
+
+def tier_of(config: ConfigVerdict) -> str:
+    return "numerics" if config.numerics_change else "exact"
+
+
+def plan_runs(baseline: Recipe, candidate: Recipe, steps: int, replicates: int, seed: int,
+              faults: tuple[str, ...] = ()) -> dict[str, ProxyConfig]:
+    """Proxy configs of one comparison: baseline-1..k and candidate."""
+    cand = proxy_config(candidate, steps=steps, seed=seed, noise_seed=CANDIDATE_NOISE, faults=faults)
+    base = [proxy_config(baseline, steps=steps, seed=seed, noise_seed=i) for i in range(1, replicates + 1)]
+    if cand.data_order != base[0].data_order:
+        base += [proxy_config(baseline, steps=steps, seed=seed, noise_seed=100 + i, data_dp=cand.data_order)
+                 for i in range(1, ORDER_REPLICATES + 1)]
+    plan = {f"baseline-{i}": cfg for i, cfg in enumerate(base, start=1)}
+    plan["candidate"] = cand
+    return plan
+
+
+def _source_version() -> str:
+    root = Path(__file__).resolve().parent.parent / "attune" / "proxy"
+    digest = hashlib.sha1()
+    for path in sorted(root.glob("*.py")) + sorted(root.glob("*.toml")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:10]
+
+
+def _key(cfg: ProxyConfig) -> str:
+    return hashlib.sha1(cfg.model_dump_json().encode()).hexdigest()
+
+
+def _disk_cache() -> Path | None:
+    # Development aid only (re-running the suite while tuning statistics): off unless set.
+    folder = os.environ.get("ATTUNE_PROXY_CACHE")
+    return Path(folder) / _source_version() if folder else None
+
+
+def run_all(configs: list[ProxyConfig], workers: int = 1) -> list[ProxyRun]:
+    """Proxy runs for the configs, reusing identical runs within this process (replicates shared
+    by several candidates); `workers` > 1 runs them in parallel processes."""
+    disk = _disk_cache()
+    todo = []
+    for cfg in configs:
+        key = _key(cfg)
+        if key not in _CACHE and disk is not None and (disk / f"{key}.json").is_file():
+            _CACHE[key] = ProxyRun.model_validate_json((disk / f"{key}.json").read_text())
+        if key not in _CACHE and cfg not in todo:
+            todo.append(cfg)
+    if workers > 1 and len(todo) > 1:
+        with ProcessPoolExecutor(min(workers, len(todo))) as pool:
+            results = list(pool.map(run, todo))
+    else:
+        results = [run(cfg) for cfg in todo]
+    for cfg, result in zip(todo, results):
+        _CACHE[_key(cfg)] = result
+        if disk is not None:
+            disk.mkdir(parents=True, exist_ok=True)
+            (disk / f"{_key(cfg)}.json").write_text(result.model_dump_json())
+    return [_CACHE[_key(cfg)] for cfg in configs]
+
+
+def write_folder(folder: Path, runs: dict[str, ProxyRun], manifest: dict) -> Path:
+    """The curves folder, built beside its final place and renamed: never half-written."""
+    folder = Path(folder)
+    tmp = folder.with_name(f".{folder.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for name, result in runs.items():
+        write_curve(tmp / f"{name}.csv", [r.model_dump() for r in result.rows], result.step1)
+    write_manifest(tmp, manifest)
+    (tmp / "runs.json").write_text(json.dumps({n: r.config.model_dump() | {"seconds": round(r.seconds, 2)}
+                                               for n, r in runs.items()}, indent=1))
+    if folder.exists():
+        shutil.rmtree(folder)
+    tmp.replace(folder)
+    return folder
+
+
+def converge(baseline: Recipe, candidate: Recipe, config: ConfigVerdict, workdir: Path, steps: int,
+             replicates: int, seed: int, faults: tuple[str, ...] = (), workers: int = 1):
+    """Proxy runs + convergence check, doubling the steps while the verdict asks for more."""
+    max_steps = steps * 2 ** MAX_DOUBLINGS
+    manifest = {"tier": tier_of(config), "numerics_change": [n.field for n in config.numerics_change]}
+    while True:
+        plan = plan_runs(baseline, candidate, steps, replicates, seed, faults)
+        runs = dict(zip(plan, run_all(list(plan.values()), workers)))
+        folder = write_folder(workdir / "curves", runs, manifest)
+        verdict = check_convergence(folder, workdir, max_steps=max_steps)
+        if verdict.passed is not None or verdict.need_more_steps is None:
+            return verdict
+        steps = verdict.need_more_steps
+
+
+def verify(baseline: Recipe, candidate: Recipe, workdir: Path, steps: int | None = None,
+           replicates: int = 3, seed: int = 0) -> GateReport:
+    """The gate: config check, then (if it passes) real proxy curves and the convergence check."""
+    start = time.perf_counter()
+    if replicates < 2:
+        raise ValueError("replicates must be >= 2: the tolerance is calibrated from their spread")
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    config = check_config(baseline, candidate)
+    if not config.passed:
+        return GateReport(passed=False, config=config, convergence=None,
+                          note="config check failed: the proxy was not run",
+                          seconds=round(time.perf_counter() - start, 2))
+    verdict = converge(baseline, candidate, config, workdir, steps or DEFAULT_STEPS, replicates, seed)
+    return GateReport(passed=bool(verdict.passed), config=config, convergence=verdict,
+                      steps_used=verdict.steps_used, plot=verdict.plot,
+                      note=f"proxy: {verdict.replicates} replicates, {verdict.mode}, tier {verdict.tier}",
+                      seconds=round(time.perf_counter() - start, 2))

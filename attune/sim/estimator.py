@@ -8,6 +8,8 @@ is labelled simulated.
     estimate(recipe, layout)             -> SimResult for another layout of the recipe
     estimate_many(recipe, layouts)       -> columns (numpy arrays) for a list of Layouts
     estimate_many(recipe, space_arrays(recipe)) -> the whole lever space in one pass
+                                           (row i is space_arrays(recipe).layout(i))
+    estimate_levers(recipe, levers)      -> SimResult for a lever assignment (a Proposal's levers)
     estimate_wall_time_s(recipe, steps)  -> conservative trial wall time (start-up included)
 """
 
@@ -17,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from attune.layout import Layout
+from attune.layout import GLOBAL_BATCH, Layout, resolve_layout
 from attune.recipe import Recipe
 from attune.sim.arrays import LayoutArrays, from_layouts
 from attune.sim.hardware import Hardware, hardware
@@ -56,6 +58,13 @@ def estimate_many(recipe: Recipe, layouts: Sequence[Layout] | LayoutArrays) -> d
 def estimate(recipe: Recipe, layout: Layout | None = None) -> SimResult:
     cols = estimate_many(recipe, [layout or recipe.layout()])
     return result_at(cols, 0, recipe_hardware(recipe), source="estimator")
+
+
+def estimate_levers(recipe: Recipe, levers: dict) -> SimResult:
+    """The estimate for the recipe with these lever values (global batch held); InputError if invalid."""
+    config = dict(recipe.config) | dict(levers)
+    config[GLOBAL_BATCH] = recipe.layout().global_batch
+    return estimate(recipe, resolve_layout(config, recipe.architecture, recipe.cluster))
 
 
 def startup_s(recipe: Recipe, layout: Layout | None = None) -> float:

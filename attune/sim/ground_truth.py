@@ -90,7 +90,7 @@ class HiddenEffects(Effects):
 
 
 def cluster_seed_of(cluster: ClusterSpec, stack: StackSpec, cluster_seed: int = 0) -> int:
-    text = f"{cluster.accelerator}|{cluster.gpus}|{cluster.node_size}|{stack.fingerprint()}|{int(cluster_seed)}"
+    text = f"{cluster.accelerator}|{cluster.gpus}|{cluster.gpus_per_node}|{stack.fingerprint()}|{int(cluster_seed)}"
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
 
 

@@ -38,7 +38,7 @@ from attune.sim.arrays import SCHEDULES, LayoutArrays
 from attune.sim.calibration import Point
 from attune.sim.effects import Effects
 from attune.sim.estimator import STACK, as_arrays, recipe_hardware
-from attune.sim.stepmodel import SimResult, evaluate, result_at
+from attune.sim.stepmodel import SimResult, evaluate, fits_mask, result_at
 from attune.spec import ClusterSpec, StackSpec
 
 _M1, _M2, _M3 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0x9E3779B97F4A7C15)
@@ -141,6 +141,12 @@ def measure_many(recipe: Recipe, layouts, cluster_seed: int = 0) -> dict[str, np
     """Ground-truth columns (noise off) over Layouts or LayoutArrays of the recipe."""
     fx = hidden_effects(recipe.cluster, recipe.stack, cluster_seed)
     return evaluate(recipe.architecture, recipe_hardware(recipe), as_arrays(recipe, layouts), STACK, fx)
+
+
+def fitting_mask(recipe: Recipe, layouts, cluster_seed: int = 0) -> np.ndarray:
+    """Which layouts fit on this cluster (hidden fragmentation included), without timing them."""
+    fx = hidden_effects(recipe.cluster, recipe.stack, cluster_seed)
+    return fits_mask(recipe.architecture, recipe_hardware(recipe), as_arrays(recipe, layouts), STACK, fx)
 
 
 def measure(recipe: Recipe, layout: Layout | None = None, cluster_seed: int = 0,

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from attune.layout import Layout
 from attune.recipe import Recipe
-from attune.sim.ground_truth import measure_many
+from attune.sim.ground_truth import fitting_mask, measure_many
 from attune.sim.space_arrays import iter_space
 
 
@@ -32,7 +32,7 @@ class OracleBest(BaseModel):
 class OracleResult(BaseModel):
     model_config = ConfigDict(extra="forbid")
     best: OracleBest | None            # None when no layout fits in memory
-    evaluated: int                     # valid layouts evaluated
+    evaluated: int                     # valid layouts evaluated (memory for all, time for those that fit)
     fitting: int                       # of which fit in device memory
     seconds: float
     cluster_seed: int
@@ -51,11 +51,15 @@ def oracle(recipe: Recipe, cluster_seed: int = 0, progress=None) -> OracleResult
     t0 = time.perf_counter()
     evaluated = fitting = 0
     best: tuple[float, Any, int, dict] | None = None
-    for la in iter_space(recipe):
+    for chunk in iter_space(recipe):
+        evaluated += len(chunk)
+        fit = fitting_mask(recipe, chunk, cluster_seed)   # memory first: most of a big space does not fit
+        fitting += int(fit.sum())
+        if not fit.any():
+            continue
+        la = chunk.take(fit)
         cols = measure_many(recipe, la, cluster_seed)
         tps = np.where(cols["fits"], cols["tps"], -np.inf)
-        evaluated += len(la)
-        fitting += int(cols["fits"].sum())
         i = int(np.argmax(tps))
         if np.isfinite(tps[i]) and (best is None or tps[i] > best[0]):
             best = (float(tps[i]), la, i, cols)

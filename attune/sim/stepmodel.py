@@ -48,6 +48,14 @@ def evaluate(model: ModelSpec, hw: Hardware, la: LayoutArrays, stack: str = "tor
     return out
 
 
+def fits_mask(model: ModelSpec, hw: Hardware, la: LayoutArrays, stack: str = "torchtitan",
+              fx: Effects = NEUTRAL) -> np.ndarray:
+    """Which layouts fit in device memory: the memory model alone, a fraction of evaluate's cost."""
+    eff, mem = stack_efficiency(stack), memory_params()
+    sh = shapes(model, la, eff.moe_imbalance)
+    return peak_memory(model, la, sh, mem, eff, fx)["required_gib"] <= hw.hbm_gib
+
+
 class SimResult(BaseModel):
     """One layout's simulated step, as the CLI and the sim stack report it."""
 

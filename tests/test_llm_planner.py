@@ -77,10 +77,10 @@ def test_valid_move_is_taken_with_prompt_and_tokens_recorded(llm_server, write_r
 
 
 def test_malformed_json_is_reasked_once(llm_server, write_recipe):
-    url, log = llm_server([{"content": "sure! tp=2 {"}, _move("training.local_batch_size", 4)])
+    url, log = llm_server([{"content": "sure! tp=2 {"}, _move("training.local_batch_size", 1)])
     planner = LlmPlanner(base_url=url, model="scripted", timeout_s=5)
     proposal = planner.propose(_view(load_recipe(write_recipe())))
-    assert proposal.move == {"training.local_batch_size": 4}
+    assert proposal.move == {"training.local_batch_size": 1}
     assert planner.usage["refused"] == 1 and len(log.read_text().splitlines()) == 2
     second = json.loads(log.read_text().splitlines()[1])["body"]["messages"][-1]["content"]
     assert second.startswith("Refused:")

@@ -15,9 +15,12 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# The main job on the embedded default: a campaign on the simulated cluster, the ephemeral Prefect
+# API and MLflow on .attune/mlflow.db; then the oracle, to see how close the campaign came.
 demo: $(STAMP)
-	$(BIN)/attune sim predict recipes/public/llama3_8b.toml
-	$(BIN)/attune sim oracle recipes/public/llama3_8b.toml
+	$(BIN)/attune tune recipes/public/llama3_8b.toml --cluster h100:64 --budget-gpu-hours 40
+	$(BIN)/attune sim oracle recipes/public/llama3_8b.toml --cluster h100:64
+	$(BIN)/attune leaderboard
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow"

@@ -3,12 +3,20 @@
     check_config(baseline, candidate)      -> ConfigVerdict       field classes + known-defects catalog
     check_convergence(curves_dir, out_dir) -> ConvergenceVerdict  curves against replicate-calibrated bands
     verify(baseline, candidate, workdir)   -> GateReport          both, with real curves from the proxy
+
+`verify` (and with it torch, for the proxy) is imported on first use: the config check alone stays light.
 """
 
 from gate.config_check import check_config
 from gate.convergence import check_convergence
 from gate.models import Check, ConfigVerdict, ConvergenceVerdict, DefectHit, GateReport, NumericsChange, Violation
-from gate.verify import verify
 
 __all__ = ["check_config", "check_convergence", "verify", "Check", "ConfigVerdict", "ConvergenceVerdict",
            "DefectHit", "GateReport", "NumericsChange", "Violation"]
+
+
+def __getattr__(name: str):
+    if name == "verify":
+        from gate.pipeline import verify
+        return verify
+    raise AttributeError(f"module 'gate' has no attribute {name!r}")

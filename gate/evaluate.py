@@ -21,7 +21,7 @@ from attune.layout import apply_levers
 from attune.levers import Scalar
 from attune.recipe import Recipe, recipe_from_dict
 from gate.config_check import check_config
-from gate.verify import DEFAULT_STEPS, converge
+from gate.pipeline import DEFAULT_STEPS, converge
 
 SUITE_FILE = Path(__file__).with_name("suite.toml")
 QUICK_STEPS = 12
@@ -35,6 +35,7 @@ class CaseResult(BaseModel):
     label: str
     caught: bool | None          # faults: rejected by the gate
     false_reject: bool | None    # legitimate: rejected by the gate
+    rejected: bool               # the gate's verdict, whatever the kind
     fired: list[str]             # kinds of the checks that failed: config, defect, data, invariant, step1, curve
     checks: list[str]            # the failing checks by name (first few)
     steps_used: int | None
@@ -50,7 +51,10 @@ class EvalReport(BaseModel):
     caught_config_only: int
     legit: int
     false_rejects: int
+    numerics: int                # numerics changes (float8): neither fault nor legitimate
+    numerics_rejected: int
     steps: int
+    seed: int
     seconds: float
     per_case: list[CaseResult]
 
@@ -73,7 +77,8 @@ def case_recipe(base: Recipe, case: dict) -> Recipe:
                             origin=f"gate/suite.toml {case['id']}")
 
 
-def _case(case: dict, base: Recipe, workdir: Path, steps: int, replicates: int, workers: int) -> CaseResult:
+def _case(case: dict, base: Recipe, workdir: Path, steps: int, replicates: int, workers: int,
+          seed: int) -> CaseResult:
     start = time.perf_counter()
     candidate = case_recipe(base, case)
     config = check_config(base, candidate)
@@ -82,36 +87,41 @@ def _case(case: dict, base: Recipe, workdir: Path, steps: int, replicates: int, 
         fired = sorted({"config" for _ in config.violations} | {"defect" for _ in config.defects})
         names = [v.field for v in config.violations] + [d.id for d in config.defects]
     else:
-        verdict = converge(base, candidate, config, workdir / case["id"], steps, replicates, seed=0,
+        verdict = converge(base, candidate, config, workdir / case["id"], steps, replicates, seed=seed,
                            faults=tuple(case.get("faults", ())), workers=workers)
         kinds = {c.name: c.kind for c in verdict.checks}
         fired = sorted({kinds[n] for n in verdict.fired})
         names = verdict.fired
     rejected = not config.passed or not verdict.passed
     fault = case["kind"] == "fault"
-    return CaseResult(id=case["id"], kind=case["kind"], label=case["label"],
-                      caught=rejected if fault else None, false_reject=None if fault else rejected,
+    legit = case["kind"] == "legit"
+    return CaseResult(id=case["id"], kind=case["kind"], label=case["label"], rejected=rejected,
+                      caught=rejected if fault else None, false_reject=rejected if legit else None,
                       fired=fired, checks=names[:6], steps_used=verdict.steps_used if verdict else None,
                       mode=verdict.mode if verdict else None, seconds=round(time.perf_counter() - start, 2))
 
 
 def evaluate(steps: int | None = None, quick: bool = False, workdir: Path | None = None,
-             workers: int = 1, only: list[str] | None = None) -> EvalReport:
+             workers: int = 1, only: list[str] | None = None, seed: int = 0) -> EvalReport:
+    """The suite through the whole gate. `seed` is the shared initial-weights seed of every run;
+    other seeds give independent realisations (a false-reject rate, not just one verdict)."""
     start = time.perf_counter()
     steps = steps or (QUICK_STEPS if quick else DEFAULT_STEPS)
     replicates = QUICK_REPLICATES if quick else 3
-    cases = [c for c in suite()["cases"] if (not quick or c.get("quick")) and (not only or c["id"] in only)]
+    cases = [c for c in suite()["cases"] if (c["id"] in only if only else not quick or c.get("quick"))]
     base = base_recipe()
     with tempfile.TemporaryDirectory(prefix="attune-gate-eval-") as tmp:
         root = Path(workdir) if workdir is not None else Path(tmp)
-        results = [_case(c, base, root, steps, replicates, workers) for c in cases]
+        results = [_case(c, base, root, steps, replicates, workers, seed) for c in cases]
     faults = [r for r in results if r.kind == "fault"]
     legit = [r for r in results if r.kind == "legit"]
+    numerics = [r for r in results if r.kind == "numerics"]
     caught = [r for r in faults if r.caught]
     runtime = [r for r in caught if set(r.fired) - {"config", "defect"}]
     return EvalReport(faults=len(faults), caught=len(caught), caught_runtime=len(runtime),
                       caught_config_only=len(caught) - len(runtime), legit=len(legit),
-                      false_rejects=sum(1 for r in legit if r.false_reject), steps=steps,
+                      false_rejects=sum(1 for r in legit if r.false_reject), numerics=len(numerics),
+                      numerics_rejected=sum(1 for r in numerics if r.rejected), steps=steps, seed=seed,
                       seconds=round(time.perf_counter() - start, 1), per_case=results)
 
 
@@ -121,13 +131,16 @@ def table(report: EvalReport) -> str:
     for r in report.per_case:
         if r.kind == "fault":
             verdict = "caught" if r.caught else "**missed**"
-        else:
+        elif r.kind == "legit":
             verdict = "**false reject**" if r.false_reject else "passed"
+        else:
+            verdict = "rejected (numerics change)" if r.rejected else "passed (numerics change)"
         lines.append(f"| {r.id} | {r.kind} | {r.label} | {', '.join(r.fired) or '-'} | {verdict} | "
                      f"{r.steps_used or '-'} |")
     lines.append("")
     lines.append(f"faults caught: {report.caught}/{report.faults} ({report.caught_runtime} by runtime checks, "
                  f"{report.caught_config_only} by the config check alone); legitimate: "
                  f"{report.legit - report.false_rejects}/{report.legit} passed, {report.false_rejects} false "
-                 f"rejects; {report.steps} steps; {report.seconds:.0f} s")
+                 f"rejects; numerics changes: {report.numerics_rejected}/{report.numerics} rejected; "
+                 f"{report.steps} steps; {report.seconds:.0f} s")
     return "\n".join(lines)

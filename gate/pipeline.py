@@ -1,4 +1,4 @@
-"""verify(): the whole gate for one baseline/candidate pair, with real curves from the proxy.
+"""gate.verify(): the whole gate for one baseline/candidate pair, with real curves from the proxy.
 
 Config check first; if it passes, the proxy trains the baseline replicates and the candidate,
 the curves folder and its PNG are written into workdir, the convergence check runs, and the
@@ -66,7 +66,8 @@ def _key(cfg: ProxyConfig) -> str:
 
 
 def _disk_cache() -> Path | None:
-    # Development aid only (re-running the suite while tuning statistics): off unless set.
+    # Off unless ATTUNE_PROXY_CACHE names a folder: identical runs (same config, same proxy source)
+    # are then shared across processes, e.g. benchmark campaigns that train the same baseline.
     folder = os.environ.get("ATTUNE_PROXY_CACHE")
     return Path(folder) / _source_version() if folder else None
 
@@ -75,11 +76,14 @@ def run_all(configs: list[ProxyConfig], workers: int = 1) -> list[ProxyRun]:
     """Proxy runs for the configs, reusing identical runs within this process (replicates shared
     by several candidates); `workers` > 1 runs them in parallel processes."""
     disk = _disk_cache()
-    todo = []
+    todo: list[ProxyConfig] = []
     for cfg in configs:
         key = _key(cfg)
         if key not in _CACHE and disk is not None and (disk / f"{key}.json").is_file():
-            _CACHE[key] = ProxyRun.model_validate_json((disk / f"{key}.json").read_text())
+            try:
+                _CACHE[key] = ProxyRun.model_validate_json((disk / f"{key}.json").read_text())
+            except ValueError:
+                pass  # unreadable entry: train it again (and overwrite it)
         if key not in _CACHE and cfg not in todo:
             todo.append(cfg)
     if workers > 1 and len(todo) > 1:
@@ -89,9 +93,11 @@ def run_all(configs: list[ProxyConfig], workers: int = 1) -> list[ProxyRun]:
         results = [run(cfg) for cfg in todo]
     for cfg, result in zip(todo, results):
         _CACHE[_key(cfg)] = result
-        if disk is not None:
+        if disk is not None:  # written whole, then renamed: concurrent readers never see half a run
             disk.mkdir(parents=True, exist_ok=True)
-            (disk / f"{_key(cfg)}.json").write_text(result.model_dump_json())
+            tmp = disk / f".{_key(cfg)}.{os.getpid()}.tmp"
+            tmp.write_text(result.model_dump_json())
+            tmp.replace(disk / f"{_key(cfg)}.json")
     return [_CACHE[_key(cfg)] for cfg in configs]
 
 

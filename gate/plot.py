@@ -5,19 +5,19 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from gate.stats import LIMITS  # noqa: E402
+from gate.stats import LIMITS
 
 _LABEL = {"loss": "train loss", "eval_loss": "eval loss (fixed batch)", "grad_norm": "log grad norm",
           "expert_imbalance": "MoE expert imbalance (CV)"}
 
 
 def plot_verdict(curves, zs: dict, verdict, path: Path) -> Path:
+    import matplotlib  # imported here: pyplot costs seconds, and only a verdict with curves needs it
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     metrics = list(zs)
     fig, axes = plt.subplots(2, max(1, len(metrics)), figsize=(4.2 * max(1, len(metrics)), 6.4), squeeze=False)
     steps = np.asarray(curves.candidate.steps)

@@ -90,12 +90,18 @@ def step1_checks(candidate: dict, baselines: list[dict], tier: str) -> list[Chec
 
 
 def invariant_checks(record: dict) -> list[Check]:
-    """Checks that need no baseline: after clipping, the global norm is min(max_norm, pre-clip norm)."""
+    """Checks that need no baseline: after clipping, the global norm is min(max_norm, pre-clip norm);
+    a recompute under activation checkpointing routes every token as the forward did."""
+    out = []
     pre, post, max_norm = record.get("grad_norm"), record.get("post_clip_norm"), record.get("max_norm")
-    if pre is None or post is None or not max_norm:
-        return []
-    expect = min(float(max_norm), float(pre))
-    value = (float(post) - expect) / expect
-    return [Check(name="invariant.post_clip_norm", kind="invariant", value=value, tolerance=CLIP_RTOL,
-                  passed=abs(value) <= CLIP_RTOL,
-                  detail=f"post-clip norm {float(post):.6g}, expected min(max_norm, pre-clip) = {expect:.6g}")]
+    if pre is not None and post is not None and max_norm:
+        expect = min(float(max_norm), float(pre))
+        value = (float(post) - expect) / expect
+        out.append(Check(name="invariant.post_clip_norm", kind="invariant", value=value, tolerance=CLIP_RTOL,
+                         passed=abs(value) <= CLIP_RTOL,
+                         detail=f"post-clip norm {float(post):.6g}, expected min(max_norm, pre-clip) = {expect:.6g}"))
+    mismatch = record.get("recompute_mismatch")
+    if mismatch is not None:
+        out.append(Check(name="invariant.recompute_routing", kind="invariant", value=float(mismatch), tolerance=0.0,
+                         passed=mismatch == 0, detail=f"{mismatch} token(s) routed differently by the recompute"))
+    return out

@@ -164,3 +164,10 @@ def test_bad_curves_are_one_clear_input_error(tmp_path, breakage, needle):
         read_curves(folder)
     assert needle in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_recompute_routing_invariant():
+    checks = step1_checks(_step1() | {"recompute_mismatch": 3}, [_step1(), _step1()], "exact")
+    assert not next(c for c in checks if c.name == "invariant.recompute_routing").passed
+    clean = step1_checks(_step1() | {"recompute_mismatch": 0}, [_step1(), _step1()], "exact")
+    assert next(c for c in clean if c.name == "invariant.recompute_routing").passed

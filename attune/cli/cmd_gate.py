@@ -41,6 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     gate.add_argument("--quick", action="store_true", help="eval: a small subset at few steps (for tests)")
     gate.add_argument("--only", metavar="IDS", help="eval: comma-separated case ids")
     gate.add_argument("--workers", type=int, metavar="N", help="eval: proxy runs in parallel processes (default 1)")
+    gate.add_argument("--seed", type=int, metavar="N", help="proxy seed (initial weights; default 0)")
     gate.add_argument("--json", action="store_true", help="print JSON")
     gate.set_defaults(func=_run)
 
@@ -67,7 +68,6 @@ def _check(args: argparse.Namespace) -> int:
     from gate.config_check import check_config
     from gate.convergence import check_convergence
     from gate.models import GateReport
-    from gate.verify import verify
 
     for flag in ("baseline", "candidate"):
         if not getattr(args, flag):
@@ -76,7 +76,9 @@ def _check(args: argparse.Namespace) -> int:
         raise InputError("--curves", "give either --curves DIR or --proxy, not both")
     baseline, candidate = load_recipe(args.baseline), load_recipe(args.candidate)
     if args.proxy:
-        report = verify(baseline, candidate, Path(args.workdir or "gate-run"), steps=args.steps)
+        from gate.pipeline import verify
+
+        report = verify(baseline, candidate, Path(args.workdir or "gate-run"), steps=args.steps, seed=args.seed or 0)
     else:
         config = check_config(baseline, candidate)
         if args.curves:
@@ -124,7 +126,7 @@ def _eval(args: argparse.Namespace) -> int:
     if workers < 1:
         raise InputError("--workers", f"must be >= 1, got {workers}")
     report = evaluate(steps=args.steps, quick=args.quick, workdir=Path(args.workdir) if args.workdir else None,
-                      workers=workers, only=only)
+                      workers=workers, only=only, seed=args.seed or 0)
     if args.json:
         json.dump(report.model_dump(mode="json"), sys.stdout)
         sys.stdout.write("\n")

@@ -11,9 +11,10 @@ from __future__ import annotations
 import torch
 
 from attune.proxy.config import MAX_SAMPLES, MAX_STEPS, ProxyConfig
-from attune.proxy.corpus import batch_tensor, documents, rank_shard
+from attune.proxy.corpus import TRAIN_DOCS, batch_tensor, documents, rank_shard
 
-N_TRAIN = MAX_SAMPLES * MAX_STEPS  # fixed, so shards (and data order) never depend on run length
+N_TRAIN = TRAIN_DOCS
+assert N_TRAIN >= MAX_SAMPLES * MAX_STEPS  # every DP degree has a shard long enough for MAX_STEPS
 N_EVAL = 32
 
 

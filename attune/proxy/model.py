@@ -52,11 +52,30 @@ class Numerics:
 
 
 class MoEStats:
-    """Tokens per expert and dropped tokens of one forward (recomputation not double-counted)."""
+    """Tokens per expert and dropped tokens of one forward (recomputation not double-counted), and
+    how many routing decisions the recompute under activation checkpointing made differently."""
 
     def __init__(self, n_experts: int):
         self.counts = torch.zeros(max(n_experts, 1))
         self.dropped = 0
+        self.recompute_mismatch = 0
+
+
+class _RoundBF16(torch.autograd.Function):
+    """bf16 rounding of values and of their gradients, kept in fp32 tensors: bf16 compute without
+    changing dtypes (recomputation checks metadata), matmuls still accumulating in fp32 as on GPUs."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.bfloat16().float()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.bfloat16().float()
+
+
+def _bf16(x: torch.Tensor) -> torch.Tensor:
+    return _RoundBF16.apply(x)
 
 
 def _quantize(t: torch.Tensor, dtype: torch.dtype, rowwise: bool) -> torch.Tensor:
@@ -112,9 +131,9 @@ def _causal(T: int) -> torch.Tensor:
     return torch.ones(T, T, dtype=torch.bool).tril()
 
 
-def _attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: int) -> torch.Tensor:
+def _attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: int,
+                    causal: torch.Tensor) -> torch.Tensor:
     T, scale = q.shape[-2], 1.0 / math.sqrt(q.shape[-1])
-    causal = _causal(T)
     if cp == 1:
         s = (q @ k.transpose(-1, -2)) * scale
         return torch.softmax(s.masked_fill(~causal, float("-inf")), -1) @ v
@@ -212,11 +231,12 @@ class TinyDecoder(nn.Module):
         def attn(x):
             return x + self._attention(layer, rms_norm(x, layer.attn_norm), num)
 
+        routes: dict[str, torch.Tensor] = {}
+
         def mlp(x):
             calls[0] += 1
-            recompute = calls[0] > 1
             h = rms_norm(x, layer.mlp_norm)
-            out = self._moe(layer, h, num, None if recompute else stats, recompute) if layer.moe \
+            out = self._moe(layer, h, num, stats, routes, recompute=calls[0] > 1) if layer.moe \
                 else linear(F.gelu(linear(h, layer.w1, num)), layer.w2, num, row_parallel=True)
             return x + out
 
@@ -235,18 +255,30 @@ class TinyDecoder(nn.Module):
             return linear(x, w, num).view(B, T, H, D // H).transpose(1, 2)
 
         core = _compiled_core() if num.compile else _attention_core
-        o = core(heads(layer.wq), heads(layer.wk), heads(layer.wv), num.cp)
+        o = core(heads(layer.wq), heads(layer.wk), heads(layer.wv), num.cp, _causal(T))
         return linear(o.transpose(1, 2).reshape(B, T, D), layer.wo, num, row_parallel=True)
 
-    def _moe(self, layer, x: torch.Tensor, num: Numerics, stats, recompute: bool) -> torch.Tensor:
+    def _moe(self, layer, x: torch.Tensor, num: Numerics, stats, routes: dict, recompute: bool) -> torch.Tensor:
         B, T, D = x.shape
         tokens = x.reshape(-1, D)
         low = num.router_dtype == "bfloat16" or "router_bf16" in num.faults \
             or (recompute and "ac_recompute_drift" in num.faults)
-        # The router stays out of float8 (torchtitan filters it); bf16 here is the fault.
-        logits = (tokens.bfloat16() @ layer.router.bfloat16().t()).float() if low else tokens @ layer.router.t()
-        scores = torch.softmax(logits, -1)
+        # The router stays out of float8 (torchtitan filters it). bf16 is emulated in fp32 (values
+        # rounded, gradient straight through) so recomputation sees the same dtypes and shapes.
+        if low:
+            logits = _bf16(_bf16(tokens) @ _bf16(layer.router).t())
+            scores = _bf16(torch.softmax(logits, -1))
+        else:
+            scores = torch.softmax(tokens @ layer.router.t(), -1)
         sel = torch.topk(scores + layer.expert_bias, self.shape.top_k, dim=-1).indices
+        # The recompute must route exactly as the forward did (a cheap replay check, as in the
+        # pytorch#186572 repro): count the tokens whose experts changed.
+        if not recompute:
+            routes["sel"] = sel.detach().clone()
+        elif stats is not None and "sel" in routes:
+            stats.recompute_mismatch += int((torch.sort(sel, -1).values != torch.sort(routes["sel"], -1).values)
+                                            .any(-1).sum())
+            stats = None  # counts and drops were recorded by the forward
         gates = scores.gather(-1, sel)
         gates = gates / gates.sum(-1, keepdim=True)
         capacity = num.capacity_factor

@@ -33,6 +33,7 @@ class StepOut:
     valid_tokens: int
     expert_load: list[float]
     dropped_tokens: int
+    recompute_mismatch: int = 0
     sketch: dict[str, list[float]] = field(default_factory=dict)
     update_norm: float = 0.0
     group_update_norms: dict[str, float] = field(default_factory=dict)
@@ -89,6 +90,7 @@ class Trainer:
                 loss += self._micro_step(mb, n_global, n_rank, len(mbs), mb_stats)
                 stats.counts += mb_stats.counts
                 stats.dropped += mb_stats.dropped
+                stats.recompute_mismatch += mb_stats.recompute_mismatch
                 if "moe_bias_per_micro" in self.faults:
                     self._balance(mb_stats.counts)
                 if "pp_grad_rescale" in self.faults and cfg.pp_microbatches > 1 \
@@ -120,7 +122,8 @@ class Trainer:
             self._balance(stats.counts)
         out = StepOut(loss=loss, grad_norm=total, post_clip_norm=post, lr=lr, group_grad_norms=group_norms,
                       valid_tokens=n_global, expert_load=(stats.counts / stats.counts.sum().clamp(min=1)).tolist(),
-                      dropped_tokens=int(stats.dropped), sketch=sketch)
+                      dropped_tokens=int(stats.dropped), recompute_mismatch=stats.recompute_mismatch,
+                      sketch=sketch)
         if before is not None:
             deltas = [p.detach() - b for p, b in zip(self.params, before)]
             out.group_update_norms = self._group_norms(deltas)

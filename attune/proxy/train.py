@@ -57,7 +57,7 @@ def probe(cfg: ProxyConfig) -> dict:
             "update_norm": out.update_norm, "group_update_norms": out.group_update_norms,
             "eval_before": eval_before, "eval_after_update": trainer.eval_loss(evals),
             "grad_sketch": out.sketch, "valid_tokens": out.valid_tokens, "expert_load": out.expert_load,
-            "dropped_tokens": out.dropped_tokens}
+            "dropped_tokens": out.dropped_tokens, "recompute_mismatch": out.recompute_mismatch}
 
 
 def run(cfg: ProxyConfig) -> ProxyRun:

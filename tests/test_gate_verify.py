@@ -1,0 +1,58 @@
+"""gate.verify: config first, then proxy curves, the convergence check and the files it leaves."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import gate
+from attune.layout import apply_levers
+from attune.recipe import load_recipe
+from gate.pipeline import plan_runs
+
+
+@pytest.fixture
+def base(write_recipe):
+    return load_recipe(write_recipe())  # llama3.1-8b on 8 H100, local batch 2, selective AC
+
+
+def _moved(recipe, moves):
+    return recipe.with_config(apply_levers(recipe.config, moves, recipe.architecture, recipe.cluster))
+
+
+def test_config_failure_runs_no_proxy(base, tmp_path):
+    bad = base.with_config(dict(base.config) | {"optimizer.lr": 1e-3})
+    report = gate.verify(base, bad, tmp_path / "w")
+    assert report.passed is False and report.convergence is None
+    assert not (tmp_path / "w" / "curves").exists()
+    assert report.model_dump()["config"]["violations"][0]["field"] == "optimizer.lr"
+
+
+def test_layout_change_adds_replicates_under_the_candidate_data_order(base):
+    tp2 = _moved(base, {"parallelism.tensor_parallel_degree": 2})
+    plan = plan_runs(base, tp2, steps=4, replicates=3, seed=0)
+    orders = [cfg.data_order for name, cfg in plan.items() if name != "candidate"]
+    assert orders == [8, 8, 8, 4, 4] and plan["candidate"].data_order == 4
+    same = plan_runs(base, _moved(base, {"activation_checkpoint.mode": "full"}), steps=4, replicates=3, seed=0)
+    assert len(same) == 4
+
+
+def test_verify_writes_curves_plot_and_report(base, tmp_path):
+    candidate = _moved(base, {"activation_checkpoint.mode": "full"})
+    report = gate.verify(base, candidate, tmp_path / "w", steps=4, replicates=2)
+    dumped = report.model_dump(mode="json")
+    assert set(dumped) >= {"passed", "config", "convergence", "steps_used", "plot"}
+    assert report.passed is True, report.convergence.fired
+    assert report.steps_used == 4 and report.plot.endswith("gate.png")
+    curves = tmp_path / "w" / "curves"
+    assert sorted(p.name for p in curves.glob("*.csv")) == ["baseline-1.csv", "baseline-2.csv", "candidate.csv"]
+    assert (curves / "candidate.step1.json").is_file()
+    assert json.loads((curves / "manifest.json").read_text())["tier"] == "exact"
+    assert not list((tmp_path / "w").glob(".*tmp*"))
+    assert json.dumps(dumped)
+
+
+def test_replicates_must_be_two_or_more(base, tmp_path):
+    with pytest.raises(ValueError):
+        gate.verify(base, base, tmp_path, replicates=1)

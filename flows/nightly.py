@@ -23,7 +23,7 @@ from attune.campaign.state import attune_home
 from attune.nightly import decide, shipped
 from attune.nightly.ledger import NightRecord, last_record, write_record
 from attune.nightly.measure import estimated_cost, shipped_recipe
-from attune.nightly.registry import RegisteredRecipe, Registry, load_registry
+from attune.nightly.registry import RegisteredRecipe, load_registry
 from attune.recipe import write_recipe
 from attune.store import open_store
 from attune.store.entry import now_iso
@@ -53,7 +53,7 @@ def nightly_retune(registry: str = "deployments/production.toml", night: str | N
     night = night or tonight(timezone)
     dt.date.fromisoformat(night)  # a bad date fails here, not in a key
     reg = load_registry(registry)
-    records = [retune_one(reg, r, night, store or reg.store, mlflow_uri or reg.mlflow_uri)
+    records = [retune_one(r, night, store or reg.store, mlflow_uri or reg.mlflow_uri)
                for r in reg.selected(only)]
     nightly_summary(night, reg.path, records)
     summary = {"night": night, "recipes": [r.model_dump(mode="json") for r in records]}
@@ -66,9 +66,8 @@ def nightly_retune(registry: str = "deployments/production.toml", night: str | N
     return Completed(message=f"re-tuned {', '.join(tuned)}" if tuned else "nothing changed", data=summary)
 
 
-def retune_one(reg: Registry, r: RegisteredRecipe, night: str, store_uri: str | None,
+def retune_one(r: RegisteredRecipe, night: str, store_uri: str | None,
                mlflow_uri: str | None) -> NightRecord:
-    logger = get_run_logger()
     store = open_store(store_uri)
     workdir = attune_home() / "nightly" / night / r.name
     last = last_record(store, r.name)
@@ -87,10 +86,26 @@ def retune_one(reg: Registry, r: RegisteredRecipe, night: str, store_uri: str | 
                              tuned_fingerprint=last.tuned_fingerprint if last else None,
                              tuned_stack=last.tuned_stack if last else None, tuned_at=last.tuned_at if last else None)
     except Exception as err:  # one broken recipe must not stop the others: recorded, the run fails
-        record = NightRecord(recipe=r.name, night=night, model="?", cluster=r.cluster or "?", fingerprint="?",
-                             stack={}, action="failed", error=f"{type(err).__name__}: {err}", why="could not check")
+        # What the last night knew (the tuned stack, a standing regression) carries over unchanged.
+        carried = last.model_dump(include={"model", "cluster", "fingerprint", "stack", "tuned_fingerprint",
+                                           "tuned_stack", "tuned_at", "open_regression"}) if last else {}
+        record = NightRecord(**({"model": "?", "cluster": r.cluster or "?", "fingerprint": "?", "stack": {}}
+                                | carried), recipe=r.name, night=night, action="failed",
+                             error=f"{type(err).__name__}: {err}", why="could not check", flow_run_id=_flow_run_id())
         return _finish(store, record, mlflow_uri)
+    try:
+        _act(r, record, recipe, stack, entry, found, last, workdir, night, store_uri, mlflow_uri)
+    except Exception as err:
+        record.action, record.error = "failed", f"{type(err).__name__}: {err}"
+        get_run_logger().error("%s: %s", r.name, record.error)
+    return _finish(store, record, mlflow_uri)
 
+
+def _act(r: RegisteredRecipe, record: NightRecord, recipe, stack, entry, found: list[str],
+         last: NightRecord | None, workdir: Path, night: str, store_uri: str | None, mlflow_uri: str | None) -> None:
+    """Re-measure, decide, maybe re-tune; fills `record`."""
+    logger = get_run_logger()
+    fp = record.fingerprint
     # re-measure what production runs: the shipped recipe, on tonight's stack
     base = recipe
     if entry is not None:
@@ -104,19 +119,19 @@ def retune_one(reg: Registry, r: RegisteredRecipe, night: str, store_uri: str | 
 
     tune, record.why = decide.decide(found, record.remeasure, last, fp)
     logger.info("%s: %s -> %s", r.name, record.why, "re-tune" if tune else "no re-tune")
-    shipped_faster = False
+    shipped_faster, tried = False, False
     if tune:
         record.action = "tuned"
         spent = record.remeasure.gpu_hours if record.remeasure else 0.0
         record.campaign, record.error = _campaign(r, base, workdir, night, r.budget_gpu_hours - spent,
                                                   store_uri, mlflow_uri)
-        if record.error is None:
+        if record.error is None:  # a campaign that crashed has not tried this stack: the next night retries
+            tried = True
             shipped_faster = bool(record.campaign.get("shipped"))
             record.tuned_fingerprint, record.tuned_stack, record.tuned_at = fp, record.stack, now_iso()
-    record.open_regression = decide.open_regression(record.remeasure, shipped_faster, last, fp, night, tune)
+    record.open_regression = decide.open_regression(record.remeasure, shipped_faster, last, fp, night, tried)
     if record.open_regression is not None:
         regression_report(record)
-    return _finish(store, record, mlflow_uri)
 
 
 def _campaign(r: RegisteredRecipe, base, workdir: Path, night: str, budget: float, store_uri: str | None,
@@ -149,7 +164,7 @@ def _flow_run_id() -> str | None:
     return str(flow_run.id) if flow_run.id else None
 
 
-@flow(name="stack-probe")
+@flow(name="stack-probe", persist_result=True)  # the caller reads the versions from the result
 def stack_probe() -> dict[str, str]:
     """Runs on a GPU pool (deployment stack-probe/...): the versions trials there would see."""
     from attune.nightly.fingerprint import environment_versions

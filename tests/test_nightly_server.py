@@ -189,7 +189,9 @@ def test_nightly_twice_retunes_only_what_changed_and_fails_on_a_standing_regress
         one = gpu_hours(gpus, sim.estimate_wall_time_s(recipe, 5))
         budgets[name] = 3.5 * one  # the re-measure (2 runs) + one or two baseline runs: never a search
     registry = write(tmp_path / "prod.toml", "[defaults]\nreplicates = 2\nsteps_per_trial = 5\n" + "".join(
-        f'[[recipe]]\nname = "{n}"\npath = "{n}.toml"\nbudget_gpu_hours = {budgets[n]:.4f}\n' for n in clusters))
+        f'[[recipe]]\nname = "{n}"\npath = "{n}.toml"\nbudget_gpu_hours = {budgets[n]:.4f}\n' for n in clusters)
+        # D cannot even be checked (12 GPUs are not whole 8-GPU nodes): recorded, the others still run
+        + '[[recipe]]\nname = "d"\npath = "b.toml"\ncluster = "h100:12"\nbudget_gpu_hours = 1\n')
 
     first = night(stack, registry, "2026-12-01")
     assert first["tuned"] == {"c"}, first
@@ -198,8 +200,10 @@ def test_nightly_twice_retunes_only_what_changed_and_fails_on_a_standing_regress
     assert second["tuned"] == {"a"}, second          # only the changed recipe; C already tried this stack
 
     for result in (first, second):                   # C's regression stands: visible as a failed run
-        assert result["state"]["type"] == "FAILED" and "c: regressed" in result["state"]["message"]
-    ledger = {n: json.loads((stack.store / "nightly" / n / "latest.json").read_text()) for n in clusters}
+        message = result["state"]["message"]
+        assert result["state"]["type"] == "FAILED" and "c: regressed" in message and "d: InputError" in message
+    ledger = {n: json.loads((stack.store / "nightly" / n / "latest.json").read_text()) for n in [*clusters, "d"]}
+    assert ledger["d"]["action"] == "failed" and "multiple of gpus_per_node" in ledger["d"]["error"]
     assert "stack changed" in ledger["a"]["why"] and "torch 2.13.0 -> 2.14.0" in ledger["a"]["why"]
     assert ledger["a"]["campaign"]["stack"] == "sim" and ledger["a"]["tuned_fingerprint"] == ledger["a"]["fingerprint"]
     assert ledger["b"]["action"] == "none" and not ledger["b"]["remeasure"]["regressed"]
@@ -212,7 +216,7 @@ def test_nightly_twice_retunes_only_what_changed_and_fails_on_a_standing_regress
     db = sqlite3.connect(stack.mlflow_db)
     nights = db.execute("select count(*) from runs r join experiments e on e.experiment_id = r.experiment_id "
                         "where e.name = 'attune-nightly'").fetchone()[0]
-    assert nights == 6                               # one run per recipe per night
+    assert nights == 8                               # one run per recipe per night
 
 
 def night(stack: Stack, registry: Path, date: str) -> dict:

@@ -40,6 +40,12 @@ def test_the_production_registry_loads_with_its_defaults():
     assert enabled and all(r.stack == "sim" for r in enabled)   # the disabled one is the real-GPU example
     real = [r for r in reg.recipes if r.stack == "torchtitan"]
     assert real and real[0].pool == "attune-gpu-k8s" and not real[0].enabled
+    from attune.nightly.measure import estimated_cost
+    from flows.campaign import load_campaign_recipe
+
+    for r in enabled:  # each loads on its production cluster, and a night can pay for its re-measure
+        recipe = load_campaign_recipe(r.path, r.cluster)
+        assert recipe.cluster.label == r.cluster and estimated_cost(r, recipe) < r.budget_gpu_hours / 2
 
 
 def test_registry_paths_are_relative_to_it_and_defaults_apply(tmp_path):

@@ -39,7 +39,9 @@ class Tracker:
             artifacts = None
             if self.uri.startswith("sqlite:///"):
                 artifacts = (Path(self.uri.removeprefix("sqlite:///")).parent / "mlartifacts").as_uri()
-            self.experiment_id = self.client.create_experiment(experiment, artifact_location=artifacts)
+            # Without a kind tag MLflow 3 opens the experiment as a GenAI overview, not a run table.
+            self.experiment_id = self.client.create_experiment(
+                experiment, artifact_location=artifacts, tags={"mlflow.experimentKind": "custom_model_development"})
         else:
             self.experiment_id = found.experiment_id
 

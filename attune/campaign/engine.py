@@ -42,6 +42,7 @@ class CampaignSettings:
     max_trials: int = 80
     disabled_rules: tuple[str, ...] = ()
     gate_steps: int | None = None
+    gate_seed: int | None = None            # the gate's proxy seed (None: the campaign's seed)
     stack_options: dict[str, Any] = field(default_factory=dict)
     planner_options: dict[str, Any] = field(default_factory=dict)
 
@@ -49,7 +50,8 @@ class CampaignSettings:
         """What makes two runs the same campaign (a re-run with these resumes)."""
         return {"budget": self.budget_gpu_hours, "stack": self.stack, "planner": self.planner, "seed": self.seed,
                 "steps": self.steps_per_trial, "replicates": self.replicates, "disabled": sorted(self.disabled_rules),
-                "stack_options": self.stack_options}
+                "stack_options": self.stack_options,
+                **({"gate_seed": self.gate_seed} if self.gate_seed is not None else {})}
 
 
 @dataclass
@@ -198,7 +200,9 @@ def planner_view(c: Campaign) -> PlannerView:
     return PlannerView(recipe=c.recipe, domains=lever_domains(c.recipe), history=history,
                        incumbent=incumbent.levers, incumbent_tps=mean_tps(c, incumbent.levers),
                        noise_band=c.state.noise_band or 0.0, budget_left_gpu_hours=c.state.budget.left,
-                       trial_cost_gpu_hours=c.estimated_cost)
+                       trial_cost_gpu_hours=c.estimated_cost,
+                       affordable=lambda levers: c.state.budget.can_afford(c.settings.replicates
+                                                                           * c.estimated_cost(levers)))
 
 
 def next_proposal(c: Campaign) -> Proposal | None:

@@ -33,6 +33,9 @@ class PlannerView:
     noise_band: float                       # relative gain a candidate must clear
     budget_left_gpu_hours: float
     trial_cost_gpu_hours: Any = None        # callable(levers) -> estimated GPU-hours of one trial
+    affordable: Any = None                  # callable(levers) -> bool: the budget would let it start
+                                            # (its cost plus the confirmation reserve); a planner that
+                                            # proposes what is not affordable ends the search
 
 
 @dataclass(frozen=True)

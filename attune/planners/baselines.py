@@ -1,6 +1,7 @@
 """Baseline planners the benchmark compares `attune` against, all behind the one Planner interface.
 
-  random          uniform over valid layouts (rejection sampling from the lever product space)
+  random          uniform over the valid untried layouts the remaining budget can pay for
+                  (rejection sampling from the lever product space)
   bayes           Bayesian optimisation with Optuna's TPE sampler; invalid and failed layouts are
                   reported to it as failed trials
   estimator-topk  rank every layout with the public estimator, measure the best-predicted first
@@ -41,26 +42,38 @@ def _tried(view: PlannerView) -> list[dict[str, Scalar]]:
     return [obs.levers for obs in view.history]
 
 
+def _affordable(view: PlannerView, levers: dict[str, Scalar]) -> bool:
+    """Would the budget let this trial start? (The search ends at the first one it would not.)"""
+    return view.affordable is None or bool(view.affordable(levers))
+
+
 @dataclass
 class RandomPlanner:
     name: str = "random"
     seed: int = 0
     stop_reason: str = ""
     max_draws: int = 20_000
+    max_too_dear: int = 300
 
     def __post_init__(self):
         self._rng = _random.Random(self.seed)
 
     def propose(self, view: PlannerView) -> Proposal | None:
         tried = _tried(view)
+        too_dear = 0
         for _ in range(self.max_draws):
             draw = {k: self._rng.choice(view.domains[k]) for k in SEARCHED}
             if draw[PP] == 1 and (draw[PP_SCHEDULE] != "1F1B" or draw[PP_MICROBATCH] != 1):
                 continue  # pipeline levers mean nothing without a pipeline: count each layout once
             layout = _resolve(view.recipe, draw)
-            if layout is not None and layout.levers() not in tried:
+            if layout is None or layout.levers() in tried:
+                continue
+            if _affordable(view, layout.levers()):
                 return Proposal(levers=layout.levers(), rationale="uniform random valid layout")
-        self.stop_reason = "no moves left: no untried valid layout found"
+            too_dear += 1
+            if too_dear >= self.max_too_dear:   # the budget left pays for almost nothing: stop looking
+                break
+        self.stop_reason = "no moves left: no untried valid layout the budget can pay for found"
         return None
 
 
@@ -79,18 +92,30 @@ class BayesPlanner:
         self._optuna = optuna
         self._study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=self.seed))
         self._told = 0
+        self._known: set[tuple] = set()
 
     def _tell_history(self, view: PlannerView) -> None:
         for obs in view.history[self._told:]:
             key = tuple(sorted(obs.levers.items()))
             trial = self._pending.pop(key, None)
-            if trial is None:  # a trial this planner did not ask for (baseline): add it as known
+            if trial is None:  # a trial this planner did not ask for (the baseline): add it as known
+                self._add_known(view, obs)
                 continue
             if obs.result.ok:
                 self._study.tell(trial, obs.result.tokens_per_sec_per_gpu)
             else:
                 self._study.tell(trial, state=self._optuna.trial.TrialState.FAIL)
         self._told = len(view.history)
+
+    def _add_known(self, view: PlannerView, obs) -> None:
+        params = {k: obs.levers.get(k) for k in SEARCHED}
+        key = tuple(sorted(params.items()))
+        if key in self._known or not obs.result.ok or any(v not in view.domains[k] for k, v in params.items()):
+            return
+        self._known.add(key)
+        dists = {k: self._optuna.distributions.CategoricalDistribution(list(view.domains[k])) for k in SEARCHED}
+        self._study.add_trial(self._optuna.trial.create_trial(params=params, distributions=dists,
+                                                              value=obs.result.tokens_per_sec_per_gpu))
 
     def propose(self, view: PlannerView) -> Proposal | None:
         self._tell_history(view)
@@ -101,7 +126,17 @@ class BayesPlanner:
             if draw[PP] == 1:
                 draw[PP_SCHEDULE], draw[PP_MICROBATCH] = "1F1B", 1
             layout = _resolve(view.recipe, draw)
-            if layout is None or layout.levers() in tried:
+            if layout is None:   # an invalid layout is a failed trial to the sampler
+                self._study.tell(trial, state=self._optuna.trial.TrialState.FAIL)
+                continue
+            if layout.levers() in tried:   # already measured: tell it what was measured, ask again
+                seen = [o for o in view.history if o.levers == layout.levers()]
+                if seen[-1].result.ok:
+                    self._study.tell(trial, seen[-1].result.tokens_per_sec_per_gpu)
+                else:
+                    self._study.tell(trial, state=self._optuna.trial.TrialState.FAIL)
+                continue
+            if not _affordable(view, layout.levers()):   # the budget cannot pay for it: a failure too
                 self._study.tell(trial, state=self._optuna.trial.TrialState.FAIL)
                 continue
             self._pending[tuple(sorted(layout.levers().items()))] = trial
@@ -112,30 +147,39 @@ class BayesPlanner:
 
 @dataclass
 class EstimatorTopK:
-    """Rank the whole space with the public estimator once; measure in predicted order."""
+    """Rank the whole space with the public estimator once; measure in predicted order, keep the best."""
     name: str = "estimator-topk"
     seed: int = 0
     stop_reason: str = ""
     k: int | None = None   # None: as many as the budget allows
-    _ranked: list[dict[str, Scalar]] | None = None
+    _ranked: Any = None
+    _next: int = 0
+    _proposed: list[tuple] = field(default_factory=list)
 
     def propose(self, view: PlannerView) -> Proposal | None:
         if self._ranked is None:
             self._ranked = rank_by_estimator(view.recipe)
-        tried = _tried(view)
-        measured = sum(1 for obs in view.history if obs.levers in self._ranked[: len(self._ranked)])
+        tried = {_key(levers) for levers in _tried(view)}
+        measured = sum(1 for key in self._proposed if key in tried)
         if self.k is not None and measured >= self.k:
             self.stop_reason = f"converged: measured the estimator's top {self.k}"
             return None
-        for rank, levers in enumerate(self._ranked):
-            if levers not in tried:
+        while self._next < len(self._ranked):
+            rank, levers = self._next, self._ranked[self._next]
+            self._next += 1
+            if _key(levers) not in tried and _affordable(view, levers):
+                self._proposed.append(_key(levers))
                 return Proposal(levers=levers, rationale=f"estimator rank {rank + 1}")
         self.stop_reason = "no moves left: every layout predicted to fit was measured"
         return None
 
 
-def rank_by_estimator(recipe: Recipe) -> list[dict[str, Scalar]]:
-    """Every valid layout predicted to fit, best predicted throughput first."""
+def _key(levers: dict[str, Scalar]) -> tuple:
+    return tuple(sorted(levers.items()))
+
+
+def rank_by_estimator(recipe: Recipe):
+    """Every valid layout predicted to fit, best predicted throughput first (a lazy sequence)."""
     from attune.planners.estimates import rank_layouts
     return rank_layouts(recipe)
 
@@ -152,7 +196,7 @@ class GridPlanner:
             self._grid = coarse_grid(view)
         tried = _tried(view)
         for levers in self._grid:
-            if levers not in tried:
+            if levers not in tried and _affordable(view, levers):
                 return Proposal(levers=levers, rationale="next coarse-grid point")
         self.stop_reason = "no moves left: the coarse grid is exhausted"
         return None

@@ -6,6 +6,7 @@ absolute numbers are off by a few percent; planners use it for ratios between la
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from attune.layout import Layout
@@ -28,21 +29,34 @@ def predict(recipe: Recipe, layout: Layout) -> Prediction:
                       peak_memory_gib=float(est.peak_memory_gib), step_time_s=float(est.step_time_s))
 
 
-def rank_layouts(recipe: Recipe) -> list[dict]:
+class RankedLayouts(Sequence):
+    """The estimator's ranking of a whole lever space, best predicted first. Lazy: a 256-GPU MoE
+    space holds half a million layouts and a planner reads the first few dozen."""
+
+    def __init__(self, arrays, order, tps):
+        self._arrays, self._order, self._tps = arrays, order, tps
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return self._arrays.layout(int(self._order[i])).levers()
+
+    def predicted_tps(self, i: int) -> float:
+        return float(self._tps[self._order[i]])
+
+
+def rank_layouts(recipe: Recipe) -> RankedLayouts:
     """Every valid layout of the recipe's lever space the estimator predicts to fit, best first."""
     import numpy as np
 
     from attune.sim.estimator import estimate_many
+    from attune.sim.space_arrays import space_arrays  # the space, vectorised: seconds, not minutes
 
-    try:
-        from attune.sim.space import space_arrays, space_levers  # vectorised enumeration, when present
-        arrays = space_arrays(recipe)
-        cols = estimate_many(recipe, arrays)
-        order = [i for i in np.argsort(-cols["tps"]) if cols["fits"][i]]
-        return [space_levers(recipe, arrays, i) for i in order]
-    except ImportError:
-        from attune.space import iter_layouts
-        layouts = list(iter_layouts(recipe))
-        cols = estimate_many(recipe, layouts)
-        order = [i for i in np.argsort(-cols["tps"]) if cols["fits"][i]]
-        return [layouts[i].levers() for i in order]
+    arrays = space_arrays(recipe)
+    cols = estimate_many(recipe, arrays)
+    fits = np.flatnonzero(cols["fits"])
+    order = fits[np.argsort(-cols["tps"][fits], kind="stable")]
+    return RankedLayouts(arrays, order, cols["tps"])

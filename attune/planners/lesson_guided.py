@@ -8,6 +8,19 @@ Search rules (each can be switched off for ablations, see RULES):
   cheaper-ties     among candidates predicted within TIE of each other the cheaper trial goes first
   lessons          lessons matching the diagnosis get their prior added to the estimator's gain;
                    without it every one-lever move is ranked by the estimator alone
+  gate-safe        a candidate the gate's public config check would refuse (an objective change
+                   or a known stack defect of gate/defects.toml) is offered with the compensation
+                   that avoids it (no recomputation for the compile + recompute MoE defect), else
+                   dropped: a campaign ships only what passes the gate, so such a trial is wasted
+  estimator-goal   the public estimator's best layout the gate rules allow is the search's goal:
+                   among the moves predicted to improve, one that brings levers in line with the
+                   goal is credited with a share of the goal's remaining predicted gain, so the
+                   one-lever walk heads for the estimator's optimum instead of the nearest hill
+  exact-only       no move that puts the candidate in the gate's numerics tier (float8: the config
+                   check passes it on to the convergence check): the campaign ships one incumbent,
+                   and a failed convergence check throws its whole gain away. The proxy gate
+                   rejected float8 tensorwise candidates in every probe so far (see the benchmark
+                   notes); switch the rule off where float8 is known to pass
 """
 
 from __future__ import annotations
@@ -15,16 +28,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from attune.errors import InputError
-from attune.layout import AC_MODE, LOCAL_BATCH, Layout, apply_levers, resolve_layout
+from attune.layout import AC_MODE, FLOAT8, LOCAL_BATCH, Layout, apply_levers, resolve_layout
 from attune.levers import Scalar
 from attune.planners.base import Observation, PlannerView, Proposal
 from attune.planners.estimates import predict
+from attune.recipe import Recipe
 from attune.space import config_for
 from lessons.catalog import Lesson, load_lessons, match
 
-RULES = ("oom-recompute", "estimator-fit", "no-repeat", "cheaper-ties", "lessons")
+RULES = ("oom-recompute", "estimator-fit", "no-repeat", "cheaper-ties", "lessons", "gate-safe", "exact-only",
+         "estimator-goal")
 TIE = 0.005            # predicted gains closer than this are a tie
 LESSON_WEIGHT = 0.5    # how much a matching lesson's prior adds to the estimator's predicted gain
+GOAL_WEIGHT = 0.5      # share of the goal's remaining predicted gain credited per lever brought in line
+GOAL_SCAN = 20_000     # estimator-ranked layouts scanned for the goal (the gate rules decide the first)
 
 
 @dataclass
@@ -35,10 +52,15 @@ class Candidate:
     cost: float
     lesson: Lesson | None = None
     note: str = ""
+    goal_credit: float = 0.0
 
     @property
     def score(self) -> float:
         return self.predicted_gain + (LESSON_WEIGHT * self.lesson.prior if self.lesson else 0.0)
+
+    @property
+    def rank(self) -> float:
+        return self.score + self.goal_credit
 
 
 @dataclass
@@ -50,6 +72,9 @@ class LessonGuidedPlanner:
     lessons: list[Lesson] = field(default_factory=load_lessons)
     min_gain: float | None = None   # stop when nothing is predicted to gain more (default: half the band)
     stop_reason: str = ""
+    _gate_memo: dict[tuple, bool] = field(default_factory=dict)
+    _goal: dict[str, Scalar] | None = None
+    _goal_done: bool = False
 
     def propose(self, view: PlannerView) -> Proposal | None:
         recipe = view.recipe
@@ -71,18 +96,57 @@ class LessonGuidedPlanner:
             self.stop_reason = (f"converged: no untried one-lever move is predicted to gain more than "
                                 f"{floor:.1%} over the incumbent")
             return None
-        best_score = max(c.score for c in candidates)
+        if "estimator-goal" not in self.disabled:
+            self._credit_goal(view, incumbent, candidates)
+        best_rank = max(c.rank for c in candidates)
         if "cheaper-ties" in self.disabled:
-            pick = max(candidates, key=lambda c: c.score)
+            pick = max(candidates, key=lambda c: c.rank)
         else:
-            pick = min((c for c in candidates if c.score >= best_score - TIE), key=lambda c: (c.cost, -c.score))
+            pick = min((c for c in candidates if c.rank >= best_rank - TIE), key=lambda c: (c.cost, -c.rank))
         why = (f"lesson {pick.lesson.id}: {pick.lesson.title}" if pick.lesson else "estimator-ranked one-lever move")
+        if pick.goal_credit > 0:
+            why += f" toward the estimator's goal (+{pick.goal_credit:.1%} credit)"
         return Proposal(levers=pick.levers, move=pick.move, lesson_id=pick.lesson.id if pick.lesson else None,
                         expected_gain=pick.predicted_gain,
                         rationale=f"{why}; symptoms {sorted(symptoms) or ['none']}; estimator predicts "
                                   f"{pick.predicted_gain:+.1%}{pick.note}")
 
     # ------------------------------------------------------------------------------------------
+    def _credit_goal(self, view: PlannerView, incumbent: Layout, candidates: list[Candidate]) -> None:
+        """Credit each improving candidate with GOAL_WEIGHT x the goal's predicted gain over the
+        incumbent x the share of the remaining distance (levers that differ) it closes."""
+        goal = self._goal_levers(view)
+        if goal is None:
+            return
+        here = incumbent.levers()
+        distance = sum(here[k] != v for k, v in goal.items())
+        if distance == 0:
+            return
+        goal_layout = resolve_layout(config_for(view.recipe, goal), view.recipe.architecture, view.recipe.cluster)
+        ahead = predict(view.recipe, goal_layout).tokens_per_sec_per_gpu / predict(view.recipe, incumbent).tokens_per_sec_per_gpu - 1
+        if ahead <= 0:
+            return
+        for c in candidates:
+            closer = sum((c.levers[k] == v) - (here[k] == v) for k, v in goal.items())
+            c.goal_credit = GOAL_WEIGHT * ahead * max(0, closer) / distance
+
+    def _goal_levers(self, view: PlannerView) -> dict[str, Scalar] | None:
+        """The estimator's best-predicted layout that passes the gate rules in force (once)."""
+        if not self._goal_done:
+            from attune.planners.estimates import rank_layouts
+
+            self._goal_done = True
+            ranked = rank_layouts(view.recipe)
+            float8 = view.recipe.layout().float8
+            for i in range(min(len(ranked), GOAL_SCAN)):
+                levers = ranked[i]
+                if "exact-only" not in self.disabled and levers[FLOAT8] != float8:
+                    continue   # cheap: a float8 change always puts the candidate in the numerics tier
+                if self._gate_ok(view.recipe, levers):
+                    self._goal = levers
+                    break
+        return self._goal
+
     def _recompute_retry(self, view: PlannerView, last: Observation, tried: list) -> Proposal | None:
         if last.result.status.value != "oom":
             return None
@@ -94,9 +158,19 @@ class LessonGuidedPlanner:
         moved = dict(last.levers) | {AC_MODE: order[order.index(layout.ac_mode) + 1]}
         if moved in tried:
             return None
+        if not self._gate_ok(recipe, moved):
+            return None
         return Proposal(levers=moved, move={AC_MODE: moved[AC_MODE]}, lesson_id="oom-recompute",
                         rationale=f"rule oom-recompute: the last layout ran out of memory; retried with "
                                   f"{moved[AC_MODE]} recomputation before abandoning it")
+
+    def _gate_ok(self, recipe: Recipe, levers: dict[str, Scalar]) -> bool:
+        """The gate rules in force: gate-safe (config check passes), exact-only (no numerics change)."""
+        key = tuple(sorted(levers.items()))
+        if key not in self._gate_memo:
+            self._gate_memo[key] = gate_verdict(recipe, levers)
+        passed, numerics = self._gate_memo[key]
+        return (passed or "gate-safe" in self.disabled) and (not numerics or "exact-only" in self.disabled)
 
     def _incumbent_symptoms(self, view: PlannerView) -> set[str]:
         for obs in reversed(view.history):
@@ -128,15 +202,32 @@ class LessonGuidedPlanner:
                 seen[key] = cand
         return list(seen.values())
 
+    def _compensations(self, view: PlannerView, incumbent: Layout, move: dict[str, Scalar]) -> list[tuple[dict, str]]:
+        """The move as it is, then with the compensation it may force: more recomputation or a
+        smaller micro-batch to fit memory (estimator-fit), no recomputation where recomputing would
+        hit a known defect (gate-safe), or both an AC mode and a micro-batch."""
+        fit, safe = "estimator-fit" not in self.disabled, "gate-safe" not in self.disabled
+        modes = []
+        if AC_MODE not in move:
+            modes = [m for m in (["selective", "full"] if fit else []) + (["none"] if safe else [])
+                     if m != incumbent.ac_mode]
+        batches = [v for v in sorted(view.domains[LOCAL_BATCH]) if v < incumbent.local_batch] \
+            if fit and LOCAL_BATCH not in move else []
+        out = [(move, "")]
+        out += [(move | {AC_MODE: m}, f" with {m} recomputation") for m in modes]
+        out += [(move | {LOCAL_BATCH: b}, f" with micro-batch {b} to fit") for b in batches]
+        out += [(move | {AC_MODE: m, LOCAL_BATCH: b}, f" with {m} recomputation and micro-batch {b}")
+                for m in modes for b in batches]
+        return out
+
     def _evaluate(self, view: PlannerView, incumbent: Layout, base_tps: float, move: dict[str, Scalar],
                   lesson: Lesson | None, tried: list) -> Candidate | None:
+        """The move if it is feasible as it is (fits, the gate would take it), else its best-predicted
+        feasible compensation, else None."""
         recipe = view.recipe
         model, cluster = recipe.architecture, recipe.cluster
-        attempts = [(move, "")]
-        if "estimator-fit" not in self.disabled:
-            attempts += [(move | {AC_MODE: "full"}, " with full recomputation to fit"),
-                         (move | {LOCAL_BATCH: 1}, " with micro-batch 1 to fit")]
-        for levers_move, note in attempts:
+        best = None
+        for i, (levers_move, note) in enumerate(self._compensations(view, incumbent, move)):
             try:
                 config = apply_levers(config_for(recipe, view.incumbent), levers_move, model, cluster)
                 layout = resolve_layout(config, model, cluster)
@@ -144,11 +235,36 @@ class LessonGuidedPlanner:
                 continue
             levers = layout.levers()
             if "no-repeat" not in self.disabled and levers in tried:
-                return None
+                if i == 0:
+                    return None
+                continue
+            if not self._gate_ok(recipe, levers):
+                continue
             pred = predict(recipe, layout)
             if not pred.fits and "estimator-fit" not in self.disabled:
                 continue
-            cost = view.trial_cost_gpu_hours(levers) if view.trial_cost_gpu_hours else pred.step_time_s
-            return Candidate(levers=levers, move=levers_move, predicted_gain=pred.tokens_per_sec_per_gpu / base_tps - 1,
-                             cost=cost, lesson=lesson, note=note)
-        return None
+            if best is None or pred.tokens_per_sec_per_gpu > best[0].tokens_per_sec_per_gpu:
+                best = (pred, levers, levers_move, note)
+            if i == 0:
+                break   # feasible as it is: no compensation is forced
+        if best is None:
+            return None
+        pred, levers, levers_move, note = best
+        if view.affordable is not None and not view.affordable(levers):
+            return None   # the budget cannot pay for it: proposing it would end the search
+        cost = view.trial_cost_gpu_hours(levers) if view.trial_cost_gpu_hours else pred.step_time_s
+        return Candidate(levers=levers, move=levers_move, predicted_gain=pred.tokens_per_sec_per_gpu / base_tps - 1,
+                         cost=cost, lesson=lesson, note=note)
+
+
+def gate_verdict(recipe: Recipe, levers: dict[str, Scalar]) -> tuple[bool, bool]:
+    """What the gate's config check (public, deterministic, no training) says of this layout:
+    (passes, changes numerics so the convergence check must decide)."""
+    from gate.config_check import check_config
+
+    verdict = check_config(recipe, recipe.with_config(config_for(recipe, levers)))
+    return verdict.passed, bool(verdict.numerics_change)
+
+
+def gate_accepts(recipe: Recipe, levers: dict[str, Scalar]) -> bool:
+    return gate_verdict(recipe, levers)[0]

@@ -82,6 +82,7 @@ def _llm_artifacts(proposal) -> dict[str, str] | None:
 def tune_campaign(recipe_path: str, budget_gpu_hours: float, stack: str = "sim", planner: str = "attune",
                   cluster: str | None = None, seed: int = 0, steps_per_trial: int = 10, replicates: int = 3,
                   disabled_rules: list[str] | None = None, gate_steps: int | None = None,
+                  gate_seed: int | None = None,
                   mlflow_uri: str | None = None, out: str | None = None, store: str | None = None,
                   model_spec: str | None = None, stack_options: dict[str, Any] | None = None,
                   planner_options: dict[str, Any] | None = None, gpu_pool: str | None = None, quiet: bool = False):
@@ -89,6 +90,7 @@ def tune_campaign(recipe_path: str, budget_gpu_hours: float, stack: str = "sim",
     settings = CampaignSettings(budget_gpu_hours=budget_gpu_hours, stack=stack, planner=planner, seed=seed,
                                 steps_per_trial=steps_per_trial, replicates=replicates,
                                 disabled_rules=tuple(disabled_rules or ()), gate_steps=gate_steps,
+                                gate_seed=gate_seed,
                                 stack_options=dict(stack_options or {}), planner_options=dict(planner_options or {}))
     c = engine.open_campaign(recipe, settings)
     c.quiet, c.gpu_pool = quiet, gpu_pool

@@ -29,15 +29,16 @@ def run_gate(c: Campaign) -> dict[str, Any]:
     import gate
 
     candidate = candidate_recipe(c)
+    seed = c.settings.seed if c.settings.gate_seed is None else c.settings.gate_seed
     key = hashlib.sha256(json.dumps([c.recipe.config, candidate.config, c.recipe.stack.model_dump(),
-                                     c.settings.gate_steps, c.settings.seed, gate.__name__],
+                                     c.settings.gate_steps, seed, gate.__name__],
                                     sort_keys=True, default=str).encode()).hexdigest()[:20]
     cached = attune_home() / "gate-cache" / f"{key}.json"
     if cached.is_file():
         c.state.gate = json.loads(cached.read_text()) | {"cached": True}
     else:
         report = gate.verify(c.recipe, candidate, c.directory / "gate", steps=c.settings.gate_steps,
-                             seed=c.settings.seed)
+                             seed=seed)
         c.state.gate = report.model_dump(mode="json")
         cached.parent.mkdir(parents=True, exist_ok=True)
         tmp = cached.with_suffix(".tmp")

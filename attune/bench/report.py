@@ -1,0 +1,142 @@
+"""The benchmark's report: markdown tables (main, ablations, targets) and PNG plots.
+
+Plot: per recipe, the ground-truth throughput of each planner's incumbent (as a share of the
+oracle's) against GPU-hours spent, the line the seed mean and the band its 95% t-interval.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from attune.bench.request import ABLATION_PREFIX
+from attune.bench.summary import ci95, step_value
+
+SIM = "simulated: sim stack, scored on its noise-free ground truth"
+
+
+def _pct(x: float | None, signed: bool = True) -> str:
+    if x is None:
+        return "n/a"
+    return f"{x:+.1%}" if signed else f"{x:.1%}"
+
+
+def _num(x: float | None, fmt: str = "{:.1f}") -> str:
+    return "n/a" if x is None else fmt.format(x)
+
+
+def main_table(rows: list[dict]) -> str:
+    head = ("| recipe | planner | mean gain [95% CI] | best gain | oracle share | GPU-h used / budget "
+            "| GPU-h to 95% | gate pass | payback h | search gain (pre-gate) |")
+    lines = [head, "|" + "---|" * 10]
+    for r in rows:
+        if r["planner"].startswith(ABLATION_PREFIX):
+            continue
+        if r.get("mean_gain") is None:
+            lines.append(f"| {r['recipe']} | {r['planner']} | error: {str(r.get('error'))[:80]} |  |  |  |  |  |  |  |")
+            continue
+        lo, hi = r["ci95"]
+        lines.append(
+            f"| {r['recipe']} | {r['planner']} | {_pct(r['mean_gain'])} [{_pct(lo)}, {_pct(hi)}] "
+            f"| {_pct(r['best_gain'])} | {_pct(r['oracle_share'], False)} "
+            f"| {_num(r['gpu_hours_used'])} / {_num(r['budget_gpu_hours'], '{:g}')} | {_num(r['gpu_hours_to_95'])} "
+            f"| {_pct(r['gate_pass_rate'], False)} | {_num(r['payback_hours'])} | {_pct(r.get('search_gain'))} |")
+    return "\n".join(lines)
+
+
+def ablation_table(rows: list[dict], full: str = "attune") -> str:
+    """attune and each attune-no-RULE variant, with the gain each rule is worth."""
+    variants = [r for r in rows if r["planner"] == full or r["planner"].startswith(ABLATION_PREFIX)]
+    if not any(r["planner"].startswith(ABLATION_PREFIX) for r in variants):
+        return ""
+    lines = ["| recipe | variant | mean gain [95% CI] | Δ vs attune | oracle share | GPU-h to 95% | trials |",
+             "|" + "---|" * 7]
+    for r in variants:
+        base = next((b for b in rows if b["recipe"] == r["recipe"] and b["planner"] == full), None)
+        if r.get("mean_gain") is None:
+            lines.append(f"| {r['recipe']} | {r['planner']} | error |  |  |  |  |")
+            continue
+        delta = (r["mean_gain"] - base["mean_gain"]) if base and base.get("mean_gain") is not None else None
+        lo, hi = r["ci95"]
+        lines.append(f"| {r['recipe']} | {r['planner']} | {_pct(r['mean_gain'])} [{_pct(lo)}, {_pct(hi)}] "
+                     f"| {'—' if r['planner'] == full else _pct(delta)} | {_pct(r['oracle_share'], False)} "
+                     f"| {_num(r['gpu_hours_to_95'])} | {_num(r.get('trials'))} |")
+    return "\n".join(lines)
+
+
+def targets_table(checks: list[dict]) -> str:
+    if not checks:
+        return ""
+    lines = ["| recipe | target | holds | detail |", "|---|---|---|---|"]
+    lines += [f"| {c['recipe']} | {c['target']} | {'yes' if c['holds'] else '**no**'} | {c['detail']} |" for c in checks]
+    return "\n".join(lines)
+
+
+def oracle_lines(oracle: dict[str, dict]) -> list[str]:
+    out = []
+    for label, o in oracle.items():
+        base, best, exact = o.get("baseline_tps"), o.get("tokens_per_sec_per_gpu"), o.get("exact") or {}
+        if base and best:
+            line = f"- {label}: oracle {best / base - 1:+.1%} over the public recipe"
+            if exact.get("tokens_per_sec_per_gpu"):
+                line += f"; best layout the gate passes without a numerics change {exact['tokens_per_sec_per_gpu'] / base - 1:+.1%}"
+            out.append(line)
+    return out
+
+
+def markdown(rows: list[dict], checks: list[dict], meta: dict, oracle: dict[str, dict] | None = None) -> str:
+    parts = [f"## Tuner benchmark ({SIM})", "",
+             f"{meta.get('campaigns', 0)} campaigns ({meta.get('seeds')} seeds each), budget per recipe as "
+             f"shown, {meta.get('workers')} worker processes, {meta.get('seconds', 0):.0f} s wall.", "",
+             main_table(rows)]
+    if oracle:
+        parts += ["", *oracle_lines(oracle)]
+    ablations = ablation_table(rows)
+    if ablations:
+        parts += ["", "### Ablations: the attune planner with one search rule switched off", "", ablations]
+    if checks:
+        parts += ["", "### Targets", "", targets_table(checks)]
+    return "\n".join(parts) + "\n"
+
+
+def plot(cells: list[dict], oracle: dict[str, dict], path: Path, include_ablations: bool = False) -> Path:
+    """One panel per recipe: incumbent ground-truth throughput / oracle vs GPU-hours, per planner."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    recipes = list(dict.fromkeys(c["recipe"] for c in cells))
+    fig, axes = plt.subplots(1, len(recipes), figsize=(5.2 * len(recipes), 4.2), squeeze=False)
+    for ax, recipe in zip(axes[0], recipes):
+        mine = [c for c in cells if c["recipe"] == recipe and not c.get("error")]
+        best = (oracle.get(recipe) or {}).get("tokens_per_sec_per_gpu")
+        if not mine or not best:
+            ax.set_title(f"{recipe}\n(no data)")
+            continue
+        budget = mine[0]["budget_gpu_hours"]
+        grid = list(np.linspace(0.0, budget, 121))
+        for planner in dict.fromkeys(c["planner"] for c in mine):
+            if planner.startswith(ABLATION_PREFIX) and not include_ablations:
+                continue
+            curves = np.array([[step_value(c["tps_trajectory"], h) / best for h in grid]
+                               for c in mine if c["planner"] == planner])
+            curves = np.where(curves > 0, curves, np.nan)   # before the first baseline: no incumbent
+            m = np.nanmean(curves, axis=0)
+            bands = np.array([ci95([v for v in col if not np.isnan(v)]) if np.any(~np.isnan(col)) else [np.nan] * 2
+                              for col in curves.T])
+            line, = ax.step(grid, m, where="post", label=planner, lw=1.8)
+            ax.fill_between(grid, bands[:, 0], bands[:, 1], step="post", alpha=0.18, color=line.get_color())
+        ax.axhline(1.0, color="k", lw=0.8, ls="--")
+        ax.set_title(recipe, fontsize=10)
+        ax.set_xlabel("GPU-hours spent")
+        ax.set_ylabel("incumbent throughput / oracle (ground truth)")
+        ax.set_xlim(0, budget)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right")
+    fig.suptitle(f"Best-so-far throughput vs GPU-hours ({SIM})", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

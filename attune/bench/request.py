@@ -1,0 +1,131 @@
+"""What a benchmark runs: recipes x planner variants x seeds, every campaign under the same budget.
+
+A planner variant is a registered planner, optionally with search rules switched off:
+`attune-no-lessons` is the `attune` planner without its lessons catalog (an ablation), and
+`--ablations` adds one such variant per rule. `--disable-rule R` applies to every `attune` variant.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from attune.errors import InputError
+
+# The issue's default: 40 GPU-hours for every 64 GPUs of the recipe's cluster.
+DEFAULT_GPU_HOURS_PER_64_GPUS = 40.0
+ABLATION_PREFIX = "attune-no-"
+
+
+class PlannerVariant(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    label: str                          # what tables and plots call it
+    planner: str                        # the registered planner name
+    disabled_rules: tuple[str, ...] = ()
+
+
+class BenchRecipe(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    path: str                           # the recipe file as given (absolute)
+    label: str                          # recipe name @ cluster
+    cluster: str | None = None          # --cluster applied to it
+    model_spec: str | None = None       # --model-spec applied to it
+    gpus: int
+    budget_gpu_hours: float
+
+
+class BenchCell(BaseModel):
+    """One campaign of the benchmark."""
+    model_config = ConfigDict(frozen=True)
+    recipe: BenchRecipe
+    variant: PlannerVariant
+    seed: int
+    steps_per_trial: int = 10
+    replicates: int = 3
+    gate_steps: int | None = None
+    gate_seed: int | None = 0           # one proxy seed for every campaign: a candidate gets the same
+                                        # verdict whichever planner and seed found it (None: the seed's)
+
+    @property
+    def key(self) -> str:
+        return f"{self.recipe.label}|{self.variant.label}|{self.seed}"
+
+
+def default_budget(gpus: int) -> float:
+    return DEFAULT_GPU_HOURS_PER_64_GPUS * gpus / 64.0
+
+
+def _rules() -> tuple[str, ...]:
+    from attune.planners.lesson_guided import RULES
+    return RULES
+
+
+def parse_planners(text: str, disable_rules: list[str] | None = None, ablations: bool = False) -> list[PlannerVariant]:
+    """`attune,random,bayes,estimator-topk` (plus `attune-no-RULE` entries) as planner variants."""
+    from attune.planners.registry import planner_names
+
+    rules, known = _rules(), planner_names()
+    extra = tuple(disable_rules or ())
+    bad = [r for r in extra if r not in rules]
+    if bad:
+        raise InputError("--disable-rule", f"unknown rule(s) {', '.join(bad)}; rules: {', '.join(rules)}")
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise InputError("--planners", "name at least one planner")
+    if ablations:
+        names += ["attune"] * ("attune" not in names) + [ABLATION_PREFIX + r for r in rules]
+    variants: list[PlannerVariant] = []
+    for name in names:
+        if name.startswith(ABLATION_PREFIX):
+            rule = name.removeprefix(ABLATION_PREFIX)
+            if rule not in rules:
+                raise InputError("--planners", f"{name!r}: unknown rule {rule!r}; rules: {', '.join(rules)}")
+            variant = PlannerVariant(label=name, planner="attune", disabled_rules=(rule,))
+        elif name in known:
+            variant = PlannerVariant(label=name, planner=name)
+        else:
+            raise InputError("--planners", f"unknown planner {name!r}; choose from {', '.join(known)} "
+                                           f"or {ABLATION_PREFIX}RULE")
+        if variant.planner == "attune" and extra:
+            rules_off = tuple(sorted(set(variant.disabled_rules) | set(extra)))
+            variant = PlannerVariant(label=f"attune-no-{'+'.join(rules_off)}", planner="attune",
+                                     disabled_rules=rules_off)
+        if variant.planner == "llm":
+            raise InputError("--planners", "the llm planner needs an endpoint; benchmark it with `attune tune`")
+        if variant.label not in [v.label for v in variants]:
+            variants.append(variant)
+    return variants
+
+
+def bench_recipes(paths: list[str], cluster: str | None = None, model_spec: str | None = None,
+                  budget_gpu_hours: float | None = None) -> list[BenchRecipe]:
+    """Load and validate every recipe up front (a bad one is refused before any campaign runs)."""
+    from flows.campaign import load_campaign_recipe
+
+    if not paths:
+        raise InputError("--recipes", "name at least one recipe file")
+    if budget_gpu_hours is not None and budget_gpu_hours <= 0:
+        raise InputError("--budget-gpu-hours", f"must be > 0, got {budget_gpu_hours:g}")
+    out: list[BenchRecipe] = []
+    for raw in paths:
+        path = Path(raw).resolve()
+        recipe = load_campaign_recipe(str(path), cluster, model_spec)
+        label = f"{recipe.name}@{recipe.cluster.label}"
+        if label in [r.label for r in out]:
+            raise InputError("--recipes", f"{raw}: the same recipe and cluster twice ({label})")
+        budget = budget_gpu_hours if budget_gpu_hours is not None else default_budget(recipe.cluster.gpus)
+        out.append(BenchRecipe(path=str(path), label=label, cluster=cluster,
+                               model_spec=str(Path(model_spec).resolve()) if model_spec else None,
+                               gpus=recipe.cluster.gpus, budget_gpu_hours=budget))
+    return out
+
+
+def bench_cells(recipes: list[BenchRecipe], variants: list[PlannerVariant], seeds: int, steps: int = 10,
+                replicates: int = 3, gate_steps: int | None = None, gate_seed: int | None = 0) -> list[BenchCell]:
+    if seeds < 1:
+        raise InputError("--seeds", f"must be >= 1, got {seeds}")
+    if steps < 1 or replicates < 1:
+        raise InputError("--steps/--replicates", "must be >= 1")
+    return [BenchCell(recipe=r, variant=v, seed=s, steps_per_trial=steps, replicates=replicates, gate_steps=gate_steps,
+                      gate_seed=gate_seed) for r in recipes for s in range(seeds) for v in variants]

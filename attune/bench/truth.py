@@ -1,0 +1,66 @@
+"""The evaluator's view of the simulated cluster: ground-truth throughput, noise off, and the oracle.
+
+The ONLY file of attune/bench that reads the simulated ground truth (tests/test_sim_honesty.py
+lists it). It scores layouts a campaign already chose; nothing here is ever shown to a planner,
+and campaigns run in other processes that never call it while they plan.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attune.layout import resolve_layout
+from attune.recipe import Recipe
+from attune.space import config_for
+
+CLUSTER_SEED = 0   # the sim stack's default cluster: the one every benchmark campaign ran on
+
+
+def truth_tps(recipe: Recipe, levers: dict[str, Any], cluster_seed: int = CLUSTER_SEED) -> float:
+    """Noise-free ground-truth tokens/s/GPU of the recipe under these levers (0 if it does not fit)."""
+    from attune.sim.ground_truth import measure_many
+
+    layout = resolve_layout(config_for(recipe, levers), recipe.architecture, recipe.cluster)
+    cols = measure_many(recipe, [layout], cluster_seed)
+    return float(cols["tps"][0]) if bool(cols["fits"][0]) else 0.0
+
+
+def oracle_json(recipe_json: str) -> dict[str, Any]:
+    """The oracle of a benchmark recipe (run in a worker process; the argument is a BenchRecipe)."""
+    from attune.bench.request import BenchRecipe
+    from attune.sim.oracle import oracle
+    from flows.campaign import load_campaign_recipe
+
+    bench = BenchRecipe.model_validate_json(recipe_json)
+    recipe = load_campaign_recipe(bench.path, bench.cluster, bench.model_spec)
+    result = oracle(recipe, cluster_seed=CLUSTER_SEED)
+    best = result.best
+    exact = exact_oracle(recipe)
+    return {"recipe": bench.label, "tokens_per_sec_per_gpu": best.tokens_per_sec_per_gpu if best else None,
+            "levers": best.levers if best else None, "evaluated": result.evaluated, "fitting": result.fitting,
+            "seconds": result.seconds, "baseline_tps": truth_tps(recipe, recipe.layout().levers()),
+            "exact": exact, "simulated": True}
+
+
+def exact_oracle(recipe: Recipe, max_checks: int = 5000, cluster_seed: int = CLUSTER_SEED) -> dict[str, Any] | None:
+    """The best layout a campaign could actually ship without a numerics question: the best on the
+    ground truth that the gate's config check passes (no objective change, no known defect) with no
+    numerics change (float8 as the baseline has it). Context for the oracle share, not a planner aid."""
+    import numpy as np
+
+    from attune.sim.ground_truth import measure_many
+    from attune.sim.space_arrays import space_arrays
+    from gate.config_check import check_config
+    from attune.sim.arrays import FLOAT8_MODES
+
+    arrays = space_arrays(recipe)
+    cols = measure_many(recipe, arrays, cluster_seed)
+    tps = np.where(cols["fits"] & (arrays.f8 == FLOAT8_MODES.index(recipe.layout().float8)), cols["tps"], -np.inf)
+    for i in np.argsort(-tps)[:max_checks]:
+        if not np.isfinite(tps[i]):
+            break
+        levers = arrays.layout(int(i)).levers()
+        verdict = check_config(recipe, recipe.with_config(config_for(recipe, levers)))
+        if verdict.passed and not verdict.numerics_change:
+            return {"tokens_per_sec_per_gpu": float(tps[i]), "levers": levers}
+    return None

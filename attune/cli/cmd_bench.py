@@ -1,0 +1,79 @@
+"""`attune bench`: compare planners by what they find per GPU-hour (a Prefect flow, flows/bench.py).
+
+Every (recipe, planner, seed) campaign runs on the sim stack under the same budget (default 40
+GPU-hours per 64 GPUs of the recipe's cluster); gains are scored on the simulated ground truth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from attune.cli.common import emit
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("bench", help="benchmark planners on the sim stack (simulated results)")
+    p.add_argument("--recipes", nargs="+", required=True, metavar="RECIPE", help="recipe TOML files")
+    p.add_argument("--planners", default="attune,random,bayes,estimator-topk",
+                   help="comma-separated: attune, random, bayes, estimator-topk, grid, optico, attune-no-RULE")
+    p.add_argument("--budget-gpu-hours", type=float, metavar="H",
+                   help="per campaign (default: 40 GPU-hours per 64 GPUs of each recipe's cluster)")
+    p.add_argument("--seeds", type=int, default=5, help="seeds per recipe and planner (default 5)")
+    p.add_argument("--cluster", metavar="ACCEL:COUNT", help="run every recipe on this cluster, e.g. h100:64")
+    p.add_argument("--model-spec", metavar="FILE", help="model spec file replacing every recipe's model")
+    p.add_argument("--disable-rule", action="append", default=[], metavar="RULE",
+                   help="switch a search rule of the attune planner off: oom-recompute, estimator-fit, "
+                        "no-repeat, cheaper-ties, lessons")
+    p.add_argument("--ablations", action="store_true", help="add attune-no-RULE for every rule (ablation table)")
+    p.add_argument("--steps", type=int, default=10, help="measured steps per trial (default 10)")
+    p.add_argument("--replicates", type=int, default=3, help="baseline and confirmation replicates (default 3)")
+    p.add_argument("--gate-steps", type=int, help="proxy steps for the gate's convergence check")
+    p.add_argument("--gate-seed", type=int, default=0,
+                   help="the gate's proxy seed for every campaign (default 0: a candidate gets one verdict "
+                        "whichever planner or seed found it); -1: each campaign's own seed")
+    p.add_argument("--workers", type=int, help="worker processes (default: one per available core)")
+    p.add_argument("--out", metavar="DIR", help="where results.json/.md and the plots go "
+                                                "(default .attune/bench/<time>)")
+    p.add_argument("--gate-cache", metavar="DIR",
+                   help="gate verdicts and proxy runs shared by the campaigns (and by later benchmarks that "
+                        "name the same folder); default: a fresh one under --out")
+    p.add_argument("--mlflow-uri", help="MLflow tracking URI for the summary (default: SQLite under .attune/)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    _validate(args)
+    from flows.bench import tuner_benchmark
+
+    payload = tuner_benchmark(args.recipes, planners=args.planners, budget_gpu_hours=args.budget_gpu_hours,
+                              seeds=args.seeds, cluster=args.cluster, model_spec=args.model_spec,
+                              steps_per_trial=args.steps, replicates=args.replicates, gate_steps=args.gate_steps,
+                              gate_seed=None if args.gate_seed < 0 else args.gate_seed,
+                              disabled_rules=args.disable_rule, ablations=args.ablations, workers=args.workers,
+                              out=args.out, gate_cache=args.gate_cache, mlflow_uri=args.mlflow_uri,
+                              quiet=args.quiet)
+    emit(payload, args.json, _text(payload))
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> None:
+    """Every refusal happens here, before a flow run or a worker exists."""
+    from attune.bench.request import bench_cells, bench_recipes, parse_planners
+    from attune.errors import InputError
+
+    variants = parse_planners(args.planners, args.disable_rule, args.ablations)
+    recipes = bench_recipes(args.recipes, args.cluster, args.model_spec, args.budget_gpu_hours)
+    bench_cells(recipes, variants, args.seeds, args.steps, args.replicates, args.gate_steps)
+    if args.workers is not None and args.workers < 1:
+        raise InputError("--workers", f"must be >= 1, got {args.workers}")
+
+
+def _text(payload: dict) -> str:
+    md = open(os.path.join(payload["out"], "results.md")).read()
+    return md + f"\n[simulated] results, plots and campaigns in {payload['out']}\n"

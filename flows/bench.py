@@ -1,0 +1,112 @@
+"""The tuner benchmark flow: every (recipe, planner, seed) campaign on the sim stack, same budget.
+
+    recipes x planners x seeds ──► oracle per recipe ─┐
+                                   campaigns (a process pool, each worker its own Prefect,
+                                   MLflow and ATTUNE_HOME) ─┴─► score on the ground truth
+    ──► summary per recipe and planner ──► targets ──► JSON, markdown, PNG ──► MLflow + Prefect artifact
+
+Each campaign is the real campaign flow (flows/campaign.py) running in its worker. The oracle and
+the scoring read the simulated ground truth through attune/bench/truth.py: the benchmark is an
+evaluator, the planners never see it. Every number it reports is simulated.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from attune.bench import pool, report
+from attune.bench.request import BenchCell, BenchRecipe, bench_cells, bench_recipes, parse_planners
+from attune.bench.summary import public_rows, summarize
+from attune.bench.targets import check_targets
+from attune.campaign.state import attune_home
+
+
+@task(name="bench-oracle", cache_policy=NO_CACHE)
+def oracle_of(recipe: BenchRecipe) -> dict[str, Any]:
+    from attune.bench.truth import oracle_json
+    return pool.submit(oracle_json, recipe.model_dump_json()).result()
+
+
+@task(name="bench-campaign", cache_policy=NO_CACHE)
+def campaign_cell(cell: BenchCell, total: int, started: float, quiet: bool) -> dict[str, Any]:
+    row = pool.submit_cell(cell.model_dump_json()).result()
+    if not quiet:
+        gain = "error: " + row["error"][:120] if row.get("error") else (
+            f"gain {row['gain']:+.1%} in {row['gpu_hours_used']:.1f}/{row['budget_gpu_hours']:g} GPU-h")
+        print(f"[bench {time.monotonic() - started:6.0f}s] {cell.key}: {gain} ({row['seconds']:.0f}s)",
+              file=sys.stderr, flush=True)
+    return row
+
+
+def _out_dir(out: str | None) -> Path:
+    return Path(out).resolve() if out else attune_home() / "bench" / time.strftime("%Y%m%d-%H%M%S")
+
+
+@flow(name="tuner-benchmark", task_runner=ThreadPoolTaskRunner(max_workers=16))
+def tuner_benchmark(recipes: list[str], planners: str = "attune,random,bayes,estimator-topk",
+                    budget_gpu_hours: float | None = None, seeds: int = 5, cluster: str | None = None,
+                    model_spec: str | None = None, steps_per_trial: int = 10, replicates: int = 3,
+                    gate_steps: int | None = None, gate_seed: int | None = 0,
+                    disabled_rules: list[str] | None = None,
+                    ablations: bool = False, workers: int | None = None, out: str | None = None,
+                    gate_cache: str | None = None, mlflow_uri: str | None = None,
+                    quiet: bool = False) -> dict[str, Any]:
+    started = time.monotonic()
+    variants = parse_planners(planners, disabled_rules, ablations)
+    bench = bench_recipes(recipes, cluster, model_spec, budget_gpu_hours)
+    cells = bench_cells(bench, variants, seeds, steps_per_trial, replicates, gate_steps, gate_seed)
+    workers = max(1, min(workers or pool.default_workers(), len(cells)))
+    out_dir = _out_dir(out)
+    homes = out_dir / "work"
+    shutil.rmtree(homes, ignore_errors=True)   # a re-run measures afresh, never resumes old campaigns
+
+    pool.open_pool(workers, homes, pool.current_prefect_api(), Path(gate_cache).resolve() if gate_cache else None)
+    try:
+        oracle_futures = {r.label: oracle_of.submit(r) for r in bench}
+        cell_futures = [campaign_cell.submit(c, len(cells), started, quiet) for c in cells]
+        oracle = {label: f.result() for label, f in oracle_futures.items()}
+        rows_in = [f.result() for f in cell_futures]
+    finally:
+        pool.close_pool()
+
+    rows = summarize(rows_in, oracle)
+    checks = check_targets(rows)
+    seconds = time.monotonic() - started
+    meta = {"campaigns": len(cells), "seeds": seeds, "workers": workers, "seconds": seconds}
+    markdown = report.markdown(rows, checks, meta, oracle)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    payload = {"results": public_rows(rows), "targets": checks, "oracle": oracle, "simulated": True,
+               "settings": {"recipes": [r.model_dump() for r in bench], "planners": [v.model_dump() for v in variants],
+                            "seeds": seeds, "steps_per_trial": steps_per_trial, "replicates": replicates,
+                            "gate_seed": gate_seed, "workers": workers},
+               "seconds": seconds, "out": str(out_dir)}
+    files = [out_dir / "results.json", out_dir / "results.md", out_dir / "cells.json"]
+    files[0].write_text(json.dumps(payload, indent=1, default=str))
+    files[1].write_text(markdown)
+    files[2].write_text(json.dumps(rows_in, indent=1, default=str))
+    files.append(report.plot(rows_in, oracle, out_dir / "bench.png"))
+    if any(v.disabled_rules for v in variants):
+        files.append(report.plot(rows_in, oracle, out_dir / "bench-ablations.png", include_ablations=True))
+    payload["plots"] = [str(p) for p in files[3:]]
+    params = {"planners": ",".join(v.label for v in variants), "seeds": seeds, "workers": workers,
+              "budgets": ",".join(f"{r.label}={r.budget_gpu_hours:g}" for r in bench),
+              "steps_per_trial": steps_per_trial, "replicates": replicates}
+    payload["mlflow_run_id"] = log_summary(mlflow_uri, rows, checks, params, files, seconds)
+    create_markdown_artifact(markdown=markdown, key="tuner-benchmark", description="ATTUNE tuner benchmark (simulated)")
+    return payload
+
+
+@task(name="bench-mlflow", cache_policy=NO_CACHE)
+def log_summary(uri, rows, checks, params, files, seconds) -> str:
+    from attune.bench.tracking import log_benchmark
+    return log_benchmark(uri, rows, checks, params, files, seconds)

@@ -1,0 +1,79 @@
+"""The benchmark's arithmetic and its request parsing: no campaign runs here (fast)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from attune.bench.request import default_budget, parse_planners
+from attune.bench.summary import ci95, hours_to_reach, public_rows, summarize
+from attune.bench.targets import check_targets
+from attune.campaign.payback import payback_hours
+from attune.errors import InputError
+
+
+def _cell(planner: str, seed: int, gain: float, trajectory, used: float = 30.0, gate=True, recipe="r@h100:64"):
+    return {"recipe": recipe, "planner": planner, "seed": seed, "gpus": 64, "budget_gpu_hours": 40.0,
+            "error": None, "gain": gain, "truth_shipped_tps": 1000.0 * (1 + gain), "gpu_hours_used": used,
+            "trajectory": trajectory, "gate_passed": gate, "shipped": gain > 0, "trials": 10}
+
+
+def test_default_budget_is_40_gpu_hours_per_64_gpus():
+    assert default_budget(64) == 40.0 and default_budget(256) == 160.0 and default_budget(16) == 10.0
+
+
+def test_ci95_is_a_t_interval_and_a_point_for_one_seed():
+    lo, hi = ci95([0.1, 0.2, 0.3])
+    assert lo < 0.2 < hi and hi - 0.2 == pytest.approx(4.303 * 0.1 / math.sqrt(3), rel=1e-3)
+    assert ci95([0.5]) == [0.5, 0.5]
+
+
+def test_hours_to_95_reads_the_seed_mean_curve():
+    # seed 0 reaches +20% at 10 GPU-h, seed 1 only at 30: the mean holds 95% of +20% from 30 on
+    a = [[5.0, 0.0], [10.0, 0.2], [40.0, 0.2]]
+    b = [[5.0, 0.0], [30.0, 0.2], [40.0, 0.2]]
+    assert hours_to_reach([a, b], 0.2) == 30.0
+    assert hours_to_reach([a, a], 0.2) == 10.0
+    assert hours_to_reach([a], 0.0) is None
+
+
+def test_summary_rows_carry_the_documented_fields():
+    cells = [_cell("attune", s, 0.3, [[5.0, 0.0], [10.0, 0.3], [30.0, 0.3]]) for s in range(3)]
+    cells += [_cell("random", s, 0.1 * s, [[5.0, 0.0], [30.0, 0.1 * s]], gate=None if s == 0 else True)
+              for s in range(3)]
+    rows = public_rows(summarize(cells, {"r@h100:64": {"tokens_per_sec_per_gpu": 1500.0}}))
+    first = rows[0]
+    assert list(first)[:10] == ["recipe", "planner", "mean_gain", "best_gain", "ci95", "oracle_share",
+                                "gpu_hours_used", "gpu_hours_to_95", "gate_pass_rate", "payback_hours"]
+    assert first["mean_gain"] == pytest.approx(0.3) and first["best_gain"] == pytest.approx(0.3)
+    assert first["oracle_share"] == pytest.approx(1300 / 1500)
+    assert first["gpu_hours_to_95"] == 10.0
+    assert first["payback_hours"] == pytest.approx(payback_hours(30.0, 0.3, 64))
+    rnd = rows[1]
+    assert rnd["gate_pass_rate"] == 1.0            # the seed that gated nothing is not counted
+    assert rnd["best_gain"] == pytest.approx(0.2)
+
+
+def test_targets_compare_attune_with_each_baseline():
+    def row(planner, gain, h95, share=0.9):
+        return {"recipe": "r", "planner": planner, "mean_gain": gain, "gpu_hours_to_95": h95, "max_budget_share": share}
+
+    checks = check_targets([row("attune", 0.3, 10.0), row("random", 0.1, 20.0), row("bayes", 0.2, 30.0),
+                            row("estimator-topk", 0.25, 25.0), row("attune-no-lessons", 0.9, 1.0)])
+    held = {c["target"]: c["holds"] for c in checks}
+    assert held == {"budget": True, "gain-vs-random": True, "gain-vs-bayes": False,
+                    "gain-vs-estimator-topk": True, "speed": True}   # ablations are not "other planners"
+
+
+def test_planner_variants_and_ablations():
+    labels = [v.label for v in parse_planners("attune,random", ablations=True)]
+    assert labels[:2] == ["attune", "random"] and "attune-no-lessons" in labels and "attune-no-oom-recompute" in labels
+    (v,) = parse_planners("attune", disable_rules=["lessons"])
+    assert v.planner == "attune" and v.disabled_rules == ("lessons",)
+    with pytest.raises(InputError, match="--planners"):
+        parse_planners("attune,nope")
+    with pytest.raises(InputError, match="--disable-rule"):
+        parse_planners("attune", disable_rules=["nope"])
+    with pytest.raises(InputError, match="--planners"):
+        parse_planners("attune-no-nope")

@@ -112,7 +112,9 @@ def tune_campaign(recipe_path: str, budget_gpu_hours: float, stack: str = "sim",
     if not c.state.baseline_tps:
         engine.discard(c)
         raise InputError("--budget-gpu-hours", "too small to measure the baseline once")
-    c.state.phase = "search" if c.state.phase == "baseline" else c.state.phase
+    if c.state.phase == "baseline":
+        spent = (c.state.stop_reason or "").startswith("budget spent")
+        c.state.phase = "confirm" if spent else "search"   # no budget left to search: say so, keep the baseline
     c.save()
 
     # the search: one lever at a time, while budget and moves are left

@@ -6,6 +6,7 @@ oracle's) against GPU-hours spent, the line the seed mean and the band its 95% t
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -122,7 +123,9 @@ def plot(cells: list[dict], oracle: dict[str, dict], path: Path, include_ablatio
             curves = np.array([[step_value(c["tps_trajectory"], h) / best for h in grid]
                                for c in mine if c["planner"] == planner])
             curves = np.where(curves > 0, curves, np.nan)   # before the first baseline: no incumbent
-            m = np.nanmean(curves, axis=0)
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                m = np.nanmean(curves, axis=0)
             bands = np.array([ci95([v for v in col if not np.isnan(v)]) if np.any(~np.isnan(col)) else [np.nan] * 2
                               for col in curves.T])
             line, = ax.step(grid, m, where="post", label=planner, lw=1.8)

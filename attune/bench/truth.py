@@ -1,8 +1,10 @@
 """The evaluator's view of the simulated cluster: ground-truth throughput, noise off, and the oracle.
 
 The ONLY file of attune/bench that reads the simulated ground truth (tests/test_sim_honesty.py
-lists it). It scores layouts a campaign already chose; nothing here is ever shown to a planner,
-and campaigns run in other processes that never call it while they plan.
+allows it): single layouts and the oracle through attune/sim/oracle.py, and the whole space's
+columns for the exact-tier oracle. It scores layouts a campaign already chose; nothing here is
+ever shown to a planner, and campaigns run in worker processes that never call it while they plan
+(the scoring runs after the campaign flow has returned).
 """
 
 from __future__ import annotations
@@ -18,11 +20,10 @@ CLUSTER_SEED = 0   # the sim stack's default cluster: the one every benchmark ca
 
 def truth_tps(recipe: Recipe, levers: dict[str, Any], cluster_seed: int = CLUSTER_SEED) -> float:
     """Noise-free ground-truth tokens/s/GPU of the recipe under these levers (0 if it does not fit)."""
-    from attune.sim.ground_truth import measure_many
+    from attune.sim.oracle import truth_tps as oracle_truth_tps
 
     layout = resolve_layout(config_for(recipe, levers), recipe.architecture, recipe.cluster)
-    cols = measure_many(recipe, [layout], cluster_seed)
-    return float(cols["tps"][0]) if bool(cols["fits"][0]) else 0.0
+    return oracle_truth_tps(recipe, layout, cluster_seed)
 
 
 def oracle_json(recipe_json: str) -> dict[str, Any]:
@@ -48,10 +49,10 @@ def exact_oracle(recipe: Recipe, max_checks: int = 5000, cluster_seed: int = CLU
     numerics change (float8 as the baseline has it). Context for the oracle share, not a planner aid."""
     import numpy as np
 
-    from attune.sim.ground_truth import measure_many
+    from attune.sim.arrays import FLOAT8_MODES
+    from attune.sim.ground_truth import measure_many   # whole-space columns: oracle.py has no such call
     from attune.sim.space_arrays import space_arrays
     from gate.config_check import check_config
-    from attune.sim.arrays import FLOAT8_MODES
 
     arrays = space_arrays(recipe)
     cols = measure_many(recipe, arrays, cluster_seed)

@@ -152,6 +152,7 @@ class EstimatorTopK:
     seed: int = 0
     stop_reason: str = ""
     k: int | None = None   # None: as many as the budget allows
+    max_too_dear: int = 300
     _ranked: Any = None
     _next: int = 0
     _proposed: list[tuple] = field(default_factory=list)
@@ -164,12 +165,20 @@ class EstimatorTopK:
         if self.k is not None and measured >= self.k:
             self.stop_reason = f"converged: measured the estimator's top {self.k}"
             return None
+        too_dear = 0
         while self._next < len(self._ranked):
             rank, levers = self._next, self._ranked[self._next]
             self._next += 1
-            if _key(levers) not in tried and _affordable(view, levers):
+            if _key(levers) in tried:
+                continue
+            if _affordable(view, levers):
                 self._proposed.append(_key(levers))
                 return Proposal(levers=levers, rationale=f"estimator rank {rank + 1}")
+            too_dear += 1
+            if too_dear >= self.max_too_dear:
+                self.stop_reason = (f"budget: the {self.max_too_dear} next best-predicted layouts cost more "
+                                    f"than the budget left")
+                return None
         self.stop_reason = "no moves left: every layout predicted to fit was measured"
         return None
 

@@ -42,6 +42,7 @@ TIE = 0.005            # predicted gains closer than this are a tie
 LESSON_WEIGHT = 0.5    # how much a matching lesson's prior adds to the estimator's predicted gain
 GOAL_WEIGHT = 0.5      # share of the goal's remaining predicted gain credited per lever brought in line
 GOAL_SCAN = 20_000     # estimator-ranked layouts scanned for the goal (the gate rules decide the first)
+GOAL_CHECKS = 500      # config checks spent on it at most (about 10 ms each)
 
 
 @dataclass
@@ -138,12 +139,16 @@ class LessonGuidedPlanner:
             self._goal_done = True
             ranked = rank_layouts(view.recipe)
             float8 = view.recipe.layout().float8
+            checks = 0
             for i in range(min(len(ranked), GOAL_SCAN)):
                 levers = ranked[i]
                 if "exact-only" not in self.disabled and levers[FLOAT8] != float8:
                     continue   # cheap: a float8 change always puts the candidate in the numerics tier
                 if self._gate_ok(view.recipe, levers):
                     self._goal = levers
+                    break
+                checks += 1
+                if checks >= GOAL_CHECKS:
                     break
         return self._goal
 

@@ -21,6 +21,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from attune.errors import InputError
 from attune.proxy.config import ProxyConfig, proxy_config
 from attune.proxy.train import ProxyRun, run
 from attune.recipe import Recipe
@@ -45,6 +46,9 @@ def plan_runs(baseline: Recipe, candidate: Recipe, steps: int, replicates: int, 
     """Proxy configs of one comparison: baseline-1..k and candidate."""
     cand = proxy_config(candidate, steps=steps, seed=seed, noise_seed=CANDIDATE_NOISE, faults=faults)
     base = [proxy_config(baseline, steps=steps, seed=seed, noise_seed=i) for i in range(1, replicates + 1)]
+    if cand.global_batch != base[0].global_batch:  # equal recipes' global batches scaled differently
+        raise InputError("proxy", f"baseline and candidate scale to different proxy batches "
+                                  f"({base[0].global_batch} vs {cand.global_batch} samples)")
     if cand.data_order != base[0].data_order:
         base += [proxy_config(baseline, steps=steps, seed=seed, noise_seed=100 + i, data_dp=cand.data_order)
                  for i in range(1, ORDER_REPLICATES + 1)]

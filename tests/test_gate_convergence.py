@@ -69,7 +69,7 @@ def test_systematic_drift_fails_on_the_whole_curve(tmp_path):
 
 def test_small_drift_near_the_edge_asks_for_more_steps(tmp_path):
     found = None
-    for drift in np.linspace(0.0, 0.2, 41):
+    for drift in (0.0, 0.005, 0.01, 0.02, 0.04):
         v = check_convergence(make_folder(tmp_path / f"d{drift:.3f}", drift=float(drift), seed=3))
         if v.passed is None:
             found = v

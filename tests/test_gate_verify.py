@@ -10,11 +10,15 @@ import gate
 from attune.layout import apply_levers
 from attune.recipe import load_recipe
 from gate.pipeline import plan_runs
+from tests.conftest import RECIPE_8B
+
+
+SMALL_CLUSTER = RECIPE_8B.replace("gpus = 8", "gpus = 2")
 
 
 @pytest.fixture
 def base(write_recipe):
-    return load_recipe(write_recipe())  # llama3.1-8b on 8 H100, local batch 2, selective AC
+    return load_recipe(write_recipe(SMALL_CLUSTER))  # llama3.1-8b on 2 H100 (proxy: 2 DP ranks), selective AC
 
 
 def _moved(recipe, moves):
@@ -33,18 +37,18 @@ def test_layout_change_adds_replicates_under_the_candidate_data_order(base):
     tp2 = _moved(base, {"parallelism.tensor_parallel_degree": 2})
     plan = plan_runs(base, tp2, steps=4, replicates=3, seed=0)
     orders = [cfg.data_order for name, cfg in plan.items() if name != "candidate"]
-    assert orders == [8, 8, 8, 4, 4] and plan["candidate"].data_order == 4
+    assert orders == [2, 2, 2, 1, 1] and plan["candidate"].data_order == 1
     same = plan_runs(base, _moved(base, {"activation_checkpoint.mode": "full"}), steps=4, replicates=3, seed=0)
     assert len(same) == 4
 
 
 def test_verify_writes_curves_plot_and_report(base, tmp_path):
     candidate = _moved(base, {"activation_checkpoint.mode": "full"})
-    report = gate.verify(base, candidate, tmp_path / "w", steps=4, replicates=2)
+    report = gate.verify(base, candidate, tmp_path / "w", steps=3, replicates=2)
     dumped = report.model_dump(mode="json")
     assert set(dumped) >= {"passed", "config", "convergence", "steps_used", "plot"}
     assert report.passed is True, report.convergence.fired
-    assert report.steps_used == 4 and report.plot.endswith("gate.png")
+    assert report.steps_used == 3 and report.plot.endswith("gate.png")
     curves = tmp_path / "w" / "curves"
     assert sorted(p.name for p in curves.glob("*.csv")) == ["baseline-1.csv", "baseline-2.csv", "candidate.csv"]
     assert (curves / "candidate.step1.json").is_file()

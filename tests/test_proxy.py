@@ -48,7 +48,7 @@ def test_replicates_differ_only_by_their_noise_seed():
 def test_speed_levers_keep_the_math(split):
     base = ProxyConfig(**SMALL, nondeterminism=0.0)
     other = base.model_copy(update=split)
-    for x, y in zip(_losses(base), _losses(other)):
+    for x, y in zip(_losses(base, 2), _losses(other, 2)):
         assert abs(x - y) < 1e-5
 
 
@@ -90,7 +90,7 @@ def test_recipe_maps_onto_the_proxy(write_recipe):
 
 
 def test_recompute_replay_check_sees_routing_drift():
-    cfg = ProxyConfig(**(SMALL | {"ac_mode": "selective", "steps": 1}))
+    cfg = ProxyConfig(steps=1, dp=4, local_batch=4, ac_mode="selective")  # enough tokens for near-ties
     assert run(cfg).step1["recompute_mismatch"] == 0
     drift = cfg.model_copy(update={"faults": ("ac_recompute_drift",)})
     assert run(drift).step1["recompute_mismatch"] > 0

@@ -18,6 +18,7 @@ from conftest import REPO, assert_one_line_error
 from attune.campaign.state import CampaignState
 
 PUBLIC_8B = REPO / "recipes" / "public" / "llama3_8b.toml"
+FAST_GATE = ("--gate-steps", "20")   # the gate's own tests cover its full default; here it only has to run
 
 
 def _state_files(home: Path) -> list[Path]:
@@ -25,7 +26,7 @@ def _state_files(home: Path) -> list[Path]:
 
 
 def test_campaign_end_to_end_with_prefect_and_mlflow(cli, tmp_path):
-    proc = cli("tune", PUBLIC_8B, "--budget-gpu-hours", "40", "--json", "--quiet", check=True)
+    proc = cli("tune", PUBLIC_8B, "--budget-gpu-hours", "40", "--json", "--quiet", *FAST_GATE, check=True, timeout=900)
     result = json.loads(proc.stdout)
     for key in ("baseline", "best", "gain", "noise_band", "gpu_hours_used", "budget_gpu_hours", "trials",
                 "stop_reason", "gate", "shipped", "payback_hours", "mlflow_run_id", "recipe_out"):
@@ -54,8 +55,9 @@ def test_campaign_end_to_end_with_prefect_and_mlflow(cli, tmp_path):
 
 
 def test_rerunning_a_finished_campaign_returns_it_without_spending(cli, tmp_path):
-    first = json.loads(cli("tune", PUBLIC_8B, "--budget-gpu-hours", "20", "--json", "--quiet", check=True).stdout)
-    again = json.loads(cli("tune", PUBLIC_8B, "--budget-gpu-hours", "20", "--json", "--quiet", check=True).stdout)
+    args = ("tune", PUBLIC_8B, "--budget-gpu-hours", "20", "--json", "--quiet", *FAST_GATE)
+    first = json.loads(cli(*args, check=True, timeout=900).stdout)
+    again = json.loads(cli(*args, check=True, timeout=900).stdout)
     assert again["gpu_hours_used"] == first["gpu_hours_used"] and again["trials"] == first["trials"]
 
 
@@ -63,7 +65,7 @@ def test_kill_mid_campaign_then_resume_never_charges_twice(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO), ATTUNE_HOME=str(tmp_path / ".attune"),
                PREFECT_HOME=str(tmp_path / ".prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false")
     cmd = [sys.executable, "-m", "attune.cli.main", "tune", str(PUBLIC_8B), "--budget-gpu-hours", "60",
-           "--json", "--quiet", "--replicates", "2"]
+           "--json", "--quiet", "--replicates", "2", *FAST_GATE]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     seen = 0
@@ -81,7 +83,7 @@ def test_kill_mid_campaign_then_resume_never_charges_twice(tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     before = CampaignState.load(_state_files(tmp_path / ".attune")[0])
-    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     after = CampaignState.load(_state_files(tmp_path / ".attune")[0])

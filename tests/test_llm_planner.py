@@ -124,7 +124,7 @@ def test_planner_llm_completes_a_sim_campaign(llm_server, cli, write_recipe, tmp
     url, log = llm_server([_move("compile.enable", True), {"content": "garbage"}, {"status": 500},
                            _move("training.local_batch_size", 1)])
     proc = cli("tune", write_recipe(), "--budget-gpu-hours", "4", "--planner", "llm", "--llm-base-url", url,
-               "--llm-model", "scripted", "--json", "--quiet", "--gate-steps", "20", check=True)
+               "--llm-model", "scripted", "--json", "--quiet", "--gate-steps", "20", check=True, timeout=900)
     result = json.loads(proc.stdout)
     assert result["planner"] == "llm" and result["trials"] >= 4
     assert result["llm_usage"]["calls"] >= 3 and result["llm_usage"]["fallback_turns"] >= 1

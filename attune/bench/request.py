@@ -127,5 +127,8 @@ def bench_cells(recipes: list[BenchRecipe], variants: list[PlannerVariant], seed
         raise InputError("--seeds", f"must be >= 1, got {seeds}")
     if steps < 1 or replicates < 1:
         raise InputError("--steps/--replicates", "must be >= 1")
+    # Seed-major, recipes innermost: campaigns that may ship the same candidate (one planner, one
+    # recipe, two seeds) run far apart, so the second finds the first's gate verdict in the cache
+    # instead of training the same proxy runs at the same time in the other worker.
     return [BenchCell(recipe=r, variant=v, seed=s, steps_per_trial=steps, replicates=replicates, gate_steps=gate_steps,
-                      gate_seed=gate_seed) for r in recipes for s in range(seeds) for v in variants]
+                      gate_seed=gate_seed) for s in range(seeds) for v in variants for r in recipes]

@@ -72,12 +72,15 @@ def hours_to_reach(trajectories: list[list[list[float]]], final: float, share: f
 
 
 def summarize(cells: list[dict], oracle: dict[str, dict]) -> list[dict]:
-    """One row per (recipe, planner variant), in the order the cells came."""
+    """One row per (recipe, planner variant): recipes, then planners, in the order they first came."""
     groups: dict[tuple[str, str], list[dict]] = {}
     for cell in cells:
         groups.setdefault((cell["recipe"], cell["planner"]), []).append(cell)
+    recipes = list(dict.fromkeys(c["recipe"] for c in cells))
+    planners = list(dict.fromkeys(c["planner"] for c in cells))
     rows = []
-    for (recipe, planner), group in groups.items():
+    for recipe, planner in sorted(groups, key=lambda k: (recipes.index(k[0]), planners.index(k[1]))):
+        group = groups[(recipe, planner)]
         ok = [c for c in group if not c.get("error")]
         row = {"recipe": recipe, "planner": planner, "seeds": len(group), "errors": len(group) - len(ok),
                "budget_gpu_hours": group[0]["budget_gpu_hours"], "simulated": True}

@@ -60,3 +60,25 @@ def test_verify_writes_curves_plot_and_report(base, tmp_path):
 def test_replicates_must_be_two_or_more(base, tmp_path):
     with pytest.raises(ValueError):
         gate.verify(base, base, tmp_path, replicates=1)
+
+
+def test_curves_only_failure_is_confirmed_by_an_independent_run(base, tmp_path, monkeypatch):
+    import gate.pipeline as pipeline
+    from gate.config_check import check_config
+    from gate.models import Check, ConvergenceVerdict
+
+    seen = []
+
+    def fake_check(folder, out, max_steps=None):
+        noise = json.loads((folder / "runs.json").read_text())["candidate"]["noise_seed"]
+        seen.append(noise)
+        failed = noise == pipeline.CANDIDATE_NOISE
+        return ConvergenceVerdict(passed=not failed, reason="r", mode="paired", steps_used=3, replicates=2,
+                                  statistic={"name": "curve.loss.sup", "ratio": 1.5}, fired=["curve.loss.sup"] * failed,
+                                  checks=[Check(name="curve.loss.sup", kind="curve", passed=not failed)])
+
+    monkeypatch.setattr(pipeline, "check_convergence", fake_check)
+    candidate = _moved(base, {"activation_checkpoint.mode": "full"})
+    verdict = pipeline.converge(base, candidate, check_config(base, candidate), tmp_path, 3, 2, 0)
+    assert seen == [pipeline.CANDIDATE_NOISE, pipeline.CONFIRM_NOISE]
+    assert verdict.passed is True and verdict.reason.startswith("confirmation run")

@@ -13,6 +13,7 @@ shorter one, which the sequential check relies on.
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -22,6 +23,7 @@ from attune.proxy.faults import fault_names
 from attune.recipe import Recipe
 
 MAX_SAMPLES = 32      # proxy global batch cap (samples); larger recipes are scaled down
+MAX_RANKS = 8         # DP ranks played (each is a forward/backward per micro-step)
 MAX_STEPS = 400       # the train split holds enough documents for this many steps at any DP degree
 
 
@@ -85,22 +87,28 @@ class ProxyConfig(BaseModel):
         return self.data_dp or self.dp
 
 
-def _scaled(dp: int, local: int, accum: int) -> tuple[int, int, int]:
-    """Shrink (dp, local, accum) to at most MAX_SAMPLES samples, halving dp first, then the local
-    batch, then accumulation. A baseline and a candidate with the same global batch are halved the
-    same number of times, so their relation (a candidate with half the DP ranks and twice the
-    accumulation) survives the scaling."""
+def _scaled(dp: int, local: int, accum: int, gpus: int) -> tuple[int, int, int]:
+    """Shrink (dp, local, accum) for the CPU, keeping a baseline's and a candidate's relation.
+
+    1. DP ranks cost a forward/backward each: a factor common to every recipe of the cluster
+       (gcd of dp and gpus / MAX_RANKS) moves from the DP degree into the local batch, so the
+       global batch, the accumulation and the relation between two layouts' DP degrees (and so
+       their data orders) hold while at most MAX_RANKS ranks are played.
+    2. Then the global batch is halved, always on its largest factor (local before accumulation
+       before dp on ties: the DP degree decides the data order), until it holds at most MAX_SAMPLES. Two recipes with the
+       same global batch are halved the same number of times; halving the largest factor keeps
+       e.g. "half the micro-batch, twice the accumulation" visible unless the batch is tiny.
+    """
+    shift = math.gcd(dp, max(1, gpus // MAX_RANKS))
+    dp, local = dp // shift, local * shift
     while dp * local * accum > MAX_SAMPLES:
-        if dp > 4 and dp % 2 == 0:
-            dp //= 2
-        elif local > 1 and local % 2 == 0:
-            local //= 2
-        elif accum > 1 and accum % 2 == 0:
-            accum //= 2
-        elif dp > 1 and dp % 2 == 0:
-            dp //= 2
-        else:
+        parts = [dp, local, accum]
+        options = [i for i, v in enumerate(parts) if v > 1 and v % 2 == 0]
+        if not options:
             break
+        i = max(options, key=lambda j: (parts[j], (0, 2, 1)[j]))  # ties: local, then accum, then dp
+        parts[i] //= 2
+        dp, local, accum = parts
     return dp, local, accum
 
 
@@ -114,7 +122,7 @@ def proxy_config(recipe: Recipe, steps: int = 40, seed: int = 0, noise_seed: int
     """The proxy run that reproduces `recipe`'s numerics-relevant parts."""
     layout = recipe.layout()
     cfg = recipe.config
-    dp, local, accum = _scaled(layout.dp, layout.local_batch, layout.grad_accum)
+    dp, local, accum = _scaled(layout.dp, layout.local_batch, layout.grad_accum, recipe.cluster.gpus)
     replicate = layout.dp_replicate if dp % layout.dp_replicate == 0 else 1
     pp_micro = layout.n_microbatches if layout.pp > 1 else 1
     while local % pp_micro:

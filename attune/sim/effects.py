@@ -29,6 +29,7 @@ class Effects:
     cp_ring_slow: float = 1.0
     # stack quirks
     compile_gain: dict[str, float] = field(default_factory=dict)   # per schedule: share of compile's gain kept
+    compile_gain_unpiped: float = 1.0   # the same without a pipeline (pp = 1: the schedule is not used)
     bubble_slow: dict[str, float] = field(default_factory=dict)    # per schedule: bubble multiplier
     rowwise_slow: float = 1.0       # float8 rowwise GEMM time multiplier
     sac_recompute: float = 1.0      # selective AC recompute work multiplier

@@ -104,7 +104,7 @@ def _effects(seed: int) -> HiddenEffects:
     weak = SCHEDULES[int(rng.integers(len(SCHEDULES)))]
     compile_gain = {s: (u(quirks["compile_weak_gain"]) if s == weak else u(quirks["compile_gain"])) for s in SCHEDULES}
     bubble = {s: u(quirks["bubble"]) for s in SCHEDULES}
-    return HiddenEffects(
+    effects = dict(
         seed=seed, gemm_sigma=cfg["gemm"]["sigma"], bad_tile_p=cfg["gemm"]["bad_tile_probability"],
         bad_tile=tuple(cfg["gemm"]["bad_tile_factor"]), gemm_clip=tuple(cfg["gemm"]["clip"]),
         attn_sigma=cfg["attention"]["sigma"], attn_clip=tuple(cfg["attention"]["clip"]),
@@ -114,6 +114,8 @@ def _effects(seed: int) -> HiddenEffects:
         sac_recompute=u(quirks["sac_recompute"]), launch_slow=u(quirks["launch"]),
         ep_exposed=u(quirks["ep_exposed"]), fragmentation=u(mem["fragmentation"]),
         fragmentation_per_inflight=u(mem["fragmentation_per_inflight"]))
+    # Drawn last so that every earlier draw (and with it every calibrated cluster) stays as it was.
+    return HiddenEffects(**effects, compile_gain_unpiped=u(quirks["compile_gain"]))
 
 
 def hidden_effects(cluster: ClusterSpec, stack: StackSpec, cluster_seed: int = 0) -> HiddenEffects:

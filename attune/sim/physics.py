@@ -62,7 +62,8 @@ def step_time(model: ModelSpec, hw: Hardware, la: LayoutArrays, sh: Shapes, eff:
     lin_rate = np.where(f8 > 0, fp8_rate, bf16_rate) if hw.supports_float8 else np.full_like(tp, bf16_rate)
     exp_rate = (lin_rate if eff.fp8_experts else bf16_rate) * eff.grouped_gemm
     hbm = hw.hbm_bps * eff.hbm_eff
-    gain = _sched_table(fx.compile_gain, la.sched, 1.0)
+    # The schedule quirk only exists where a pipeline runs: at pp = 1 the schedule field is inert.
+    gain = np.where(sh.piped, _sched_table(fx.compile_gain, la.sched, 1.0), fx.compile_gain_unpiped)
     ew_scale = np.where(comp, 1.0 - gain * (1.0 - eff.compile_ew), 1.0)
     moe_scale = np.where(comp, 1.0 - gain * (1.0 - eff.compile_moe), 1.0)
     cast_scale = np.where(comp, 1.0 - gain * (1.0 - eff.compile_cast), 1.0) * (f8 > 0)

@@ -56,14 +56,29 @@ def test_summary_rows_carry_the_documented_fields():
 
 
 def test_targets_compare_attune_with_each_baseline():
-    def row(planner, gain, h95, share=0.9):
-        return {"recipe": "r", "planner": planner, "mean_gain": gain, "gpu_hours_to_95": h95, "max_budget_share": share}
+    def row(planner, gain, h95, share=0.9, search_h95=None):
+        return {"recipe": "r", "planner": planner, "mean_gain": gain, "gpu_hours_to_95": h95, "max_budget_share": share,
+                "search_gpu_hours_to_95": search_h95}
 
-    checks = check_targets([row("attune", 0.3, 10.0), row("random", 0.1, 20.0), row("bayes", 0.2, 30.0),
-                            row("estimator-topk", 0.25, 25.0), row("attune-no-lessons", 0.9, 1.0)])
+    checks = check_targets([row("attune", 0.3, 10.0, search_h95=4.0), row("random", 0.1, 20.0),
+                            row("bayes", 0.2, 30.0), row("estimator-topk", 0.25, 25.0, search_h95=12.0),
+                            row("attune-no-lessons", 0.9, 1.0)])
     held = {c["target"]: c["holds"] for c in checks}
     assert held == {"budget": True, "gain-vs-random": True, "gain-vs-bayes": False,
-                    "gain-vs-estimator-topk": True, "speed": True}   # ablations are not "other planners"
+                    "gain-vs-estimator-topk": True, "speed": True,    # 10 <= 25 / 2: ablations are not "other planners"
+                    "search-speed": True}                            # 4 <= 12 / 2
+
+
+def test_speed_charges_a_best_other_planner_that_never_gained_all_it_spent():
+    rows = [{"recipe": "r", "planner": "attune", "mean_gain": 0.2, "gpu_hours_to_95": 12.0, "max_budget_share": 0.5,
+             "search_gpu_hours_to_95": 3.0},
+            {"recipe": "r", "planner": "random", "mean_gain": 0.0, "gpu_hours_to_95": None, "max_budget_share": 0.9,
+             "search_gpu_hours_to_95": None, "gpu_hours_used": 30.0, "baseline_gpu_hours": 10.0}]
+    checks = {c["target"]: c for c in check_targets(rows)}
+    assert checks["speed"]["holds"] and "30.0 (no gain" in checks["speed"]["detail"]   # 12 <= 30 / 2
+    assert checks["search-speed"]["holds"] and "20.0 (no gain" in checks["search-speed"]["detail"]
+    rows[0]["gpu_hours_to_95"] = 16.0
+    assert not {c["target"]: c for c in check_targets(rows)}["speed"]["holds"]
 
 
 def test_planner_variants_and_ablations():

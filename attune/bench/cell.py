@@ -98,7 +98,8 @@ def _drop_campaign_evidence() -> None:
 
 
 def score_campaign(cell, result: dict[str, Any]) -> dict[str, Any]:
-    """The campaign's result plus its ground-truth score and its incumbent trajectory."""
+    """The campaign's result plus its ground-truth score and its incumbent trajectory (each point
+    the ground-truth gain of what the campaign would ship if it stopped there)."""
     from attune.bench.trajectory import incumbent_trajectory
     from attune.bench.truth import truth_tps
     from attune.campaign.state import CampaignState
@@ -116,16 +117,42 @@ def score_campaign(cell, result: dict[str, Any]) -> dict[str, Any]:
             cache[key] = truth_tps(recipe, levers)
         return cache[key]
 
+    gate = result.get("gate") or None
     base = tps(baseline_levers)
+    ships = shippable_rule(recipe, baseline_levers, state, gate)
     points = incumbent_trajectory(state)
-    trajectory = [[h, tps(levers) / base - 1.0] for h, levers in points]
+    trajectory = [[h, (tps(levers) / base - 1.0) if ships(levers) else 0.0] for h, levers in points]
     shipped = tps(shipped_levers)
     searched = tps(state.incumbent_record.levers)   # what the search settled on, before the gate
     trajectory.append([result["gpu_hours_used"], shipped / base - 1.0])
-    gate = result.get("gate") or None
-    return {"gain": shipped / base - 1.0, "search_gain": searched / base - 1.0, "measured_gain": result["gain"], "truth_baseline_tps": base,
+    baseline_hours = sum(t.result.gpu_hours for t in state.trials if t.role == "baseline")
+    return {"baseline_gpu_hours": baseline_hours, "gain": shipped / base - 1.0, "search_gain": searched / base - 1.0, "measured_gain": result["gain"], "truth_baseline_tps": base,
             "truth_shipped_tps": shipped, "trajectory": trajectory,
             "tps_trajectory": [[h, (1.0 + g) * base] for h, g in trajectory],
             "gpu_hours_used": result["gpu_hours_used"], "trials": result["trials"], "shipped": result["shipped"],
             "gate_passed": (bool(gate.get("passed")) if gate else None), "stop_reason": result["stop_reason"],
             "shipped_levers": shipped_levers, "campaign_id": result["campaign_id"]}
+
+
+def shippable_rule(recipe, baseline_levers: dict, state, gate: dict | None):
+    """Would the campaign ship this incumbent if it stopped now? The trajectory scores an incumbent
+    at what stopping there would ship: the baseline's throughput unless the incumbent passes the gate.
+    The gated incumbent has the real verdict; any other is judged by the gate's public config check
+    (objective fields, known defects) and, in the numerics tier (float8), counted as failing: only
+    the proxy's convergence check could pass it, and it is run on the final incumbent alone."""
+    from attune.planners.lesson_guided import gate_verdict
+
+    gated = state.incumbent_record.levers if gate is not None else None
+    memo: dict[tuple, bool] = {}
+
+    def ships(levers: dict) -> bool:
+        if levers == baseline_levers:
+            return True
+        if gated is not None and levers == gated:
+            return bool(gate.get("passed"))
+        key = tuple(sorted(levers.items()))
+        if key not in memo:
+            passes, numerics = gate_verdict(recipe, levers)
+            memo[key] = passes and not numerics
+        return memo[key]
+    return ships

@@ -12,6 +12,12 @@ in what the planner chose, not in the noise that happened to hit the final measu
                     final mean gain (the incumbent is the layout the campaign would ship if it
                     stopped there, scored on the ground truth); 0 when that is the start, None when
                     the final mean gain is not positive
+  search_gpu_hours_to_95
+                    the same, counted from the end of the baseline replicates (every planner measures
+                    the same baseline the same way; the search is what tells planners apart)
+  median_oracle_share / median_shippable_share
+                    median over seeds of shipped throughput / the oracle's, and / the best layout the
+                    gate's config check passes without a numerics change (what a campaign can ship)
   gate_pass_rate    gated campaigns whose candidate passed the correctness gate (None: none gated)
   payback_hours     hours of training on the recipe's cluster that repay the mean GPU-hours spent
                     at the mean gain (attune.campaign.payback); None without a positive gain
@@ -71,6 +77,12 @@ def hours_to_reach(trajectories: list[list[list[float]]], final: float, share: f
     return float(grid[-1])
 
 
+def after_baseline(cell: dict) -> list[list[float]]:
+    """The cell's trajectory with GPU-hours counted from the end of its baseline replicates."""
+    start = cell.get("baseline_gpu_hours") or 0.0
+    return [[max(0.0, h - start), v] for h, v in cell["trajectory"] if h >= start - 1e-12]
+
+
 def summarize(cells: list[dict], oracle: dict[str, dict]) -> list[dict]:
     """One row per (recipe, planner variant): recipes, then planners, in the order they first came."""
     groups: dict[tuple[str, str], list[dict]] = {}
@@ -86,20 +98,27 @@ def summarize(cells: list[dict], oracle: dict[str, dict]) -> list[dict]:
                "budget_gpu_hours": group[0]["budget_gpu_hours"], "simulated": True}
         if not ok:
             rows.append(row | {k: None for k in ("mean_gain", "best_gain", "ci95", "oracle_share", "gpu_hours_used",
-                                                 "gpu_hours_to_95", "gate_pass_rate", "payback_hours",
+                                                 "gpu_hours_to_95", "search_gpu_hours_to_95", "gate_pass_rate",
+                                                 "payback_hours",
                                                  "max_budget_share")}
                         | {"error": group[0].get("error")})
             continue
         gains = [c["gain"] for c in ok]
         best_tps = (oracle.get(recipe) or {}).get("tokens_per_sec_per_gpu")
+        exact_tps = ((oracle.get(recipe) or {}).get("exact") or {}).get("tokens_per_sec_per_gpu")
         gated = [c for c in ok if c["gate_passed"] is not None]
         used = mean(c["gpu_hours_used"] for c in ok)
         mean_gain = float(np.mean(gains))
         row |= {
             "mean_gain": mean_gain, "best_gain": max(gains), "ci95": ci95(gains),
             "oracle_share": float(np.mean([c["truth_shipped_tps"] / best_tps for c in ok])) if best_tps else None,
+            "median_oracle_share": float(np.median([c["truth_shipped_tps"] / best_tps for c in ok])) if best_tps else None,
+            "median_shippable_share": (float(np.median([c["truth_shipped_tps"] / exact_tps for c in ok]))
+                                       if exact_tps else None),
             "gpu_hours_used": used,
+            "baseline_gpu_hours": mean(c.get("baseline_gpu_hours") or 0.0 for c in ok),
             "gpu_hours_to_95": hours_to_reach([c["trajectory"] for c in ok], mean_gain),
+            "search_gpu_hours_to_95": hours_to_reach([after_baseline(c) for c in ok], mean_gain),
             "gate_pass_rate": (sum(bool(c["gate_passed"]) for c in gated) / len(gated)) if gated else None,
             "payback_hours": payback_hours(used, mean_gain, ok[0]["gpus"]),
             "max_budget_share": max(c["gpu_hours_used"] / c["budget_gpu_hours"] for c in ok),

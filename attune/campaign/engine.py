@@ -15,7 +15,7 @@ from typing import Any
 
 from attune.campaign.budget import Budget, gpu_hours
 from attune.campaign.diagnosis import diagnose
-from attune.campaign.noise import gain_is_real, relative_sd, search_band
+from attune.campaign.noise import MIN_RELATIVE_SD, clears_band, gain_is_real, relative_sd, search_band
 from attune.campaign.state import CampaignState, PendingTrial, Role, TrialRecord, attune_home, campaign_id
 from attune.errors import InputError
 from attune.planners.base import Observation, PlannerView, Proposal
@@ -69,6 +69,7 @@ class Campaign:
     last_result: TrialResult | None = None  # its latest result, also when the last attempt failed
     quiet: bool = False                     # no progress lines
     gpu_pool: str | None = None             # tag of the trial tasks: gpu-pool:<name> (concurrency limits)
+    _costs: dict[tuple, float] = field(default_factory=dict, repr=False)
 
     @property
     def state_path(self) -> Path:
@@ -94,8 +95,13 @@ class Campaign:
         return max(min(MIN_STEPS, self.settings.steps_per_trial), min(self.settings.steps_per_trial, wanted))
 
     def estimated_cost(self, levers: dict[str, Any]) -> float:
-        wall = self.stack.estimate_wall_time_s(self.trial_recipe(levers), self.trial_steps(levers))
-        return gpu_hours(self.recipe.cluster.gpus, wall)
+        """GPU-hours one trial of these levers is expected to cost (memoised: planners that sample
+        ask about the same layouts many times, and the estimate depends on the levers alone)."""
+        key = tuple(sorted(levers.items()))
+        if key not in self._costs:
+            wall = self.stack.estimate_wall_time_s(self.trial_recipe(levers), self.trial_steps(levers))
+            self._costs[key] = gpu_hours(self.recipe.cluster.gpus, wall)
+        return self._costs[key]
 
     def confirm_reserve(self, levers: dict[str, Any]) -> float:
         return (self.settings.replicates - 1) * self.estimated_cost(levers)
@@ -193,10 +199,20 @@ def mean_tps(c: Campaign, levers: dict[str, Any]) -> float:
 
 
 def _maybe_new_incumbent(c: Campaign, record: TrialRecord) -> None:
+    """A search trial becomes the incumbent when its layout's measurements (a re-measured near miss
+    has two) beat the incumbent's by more than the noise explains (attune.campaign.noise)."""
     incumbent = c.state.incumbent_record
-    if record.result.ok and incumbent is not None:
-        if record.tps > mean_tps(c, incumbent.levers) * (1 + (c.state.noise_band or 0.0)):
+    if record.result.ok and incumbent is not None and record.levers != incumbent.levers:
+        if beats_incumbent(c.state.trials[: record.index + 1], record.levers, incumbent.levers, c.state.noise_rel_sd):
             c.state.incumbent = record.index
+
+
+def beats_incumbent(trials: list[TrialRecord], candidate: dict[str, Any], incumbent: dict[str, Any],
+                    rel_sd: float | None) -> bool:
+    """The incumbent rule on the trials measured so far (also replayed by attune.bench.trajectory)."""
+    def samples(levers):
+        return [t.tps for t in trials if t.levers == levers and t.result.ok]
+    return clears_band(samples(candidate), samples(incumbent), rel_sd if rel_sd is not None else MIN_RELATIVE_SD)
 
 
 def baseline_failed(c: Campaign) -> str | None:

@@ -31,6 +31,17 @@ def search_band(rel_sd: float, confidence: float = 0.9) -> float:
     return float(stats.norm.ppf(confidence) * rel_sd * math.sqrt(2.0))
 
 
+def clears_band(candidate: list[float], incumbent: list[float], rel_sd: float, confidence: float = 0.9) -> bool:
+    """Whether the candidate's mean throughput beats the incumbent's by more than run-to-run noise
+    explains: a relative margin of z · sd · √(1/n_candidate + 1/n_incumbent). One candidate run
+    against a baseline measured three times needs less than against a single run, and a candidate
+    measured twice less again (the attune planner re-measures a near miss, see its `recheck` rule)."""
+    if not candidate or not incumbent:
+        return False
+    margin = float(stats.norm.ppf(confidence)) * rel_sd * math.sqrt(1.0 / len(candidate) + 1.0 / len(incumbent))
+    return float(np.mean(candidate)) > float(np.mean(incumbent)) * (1.0 + margin)
+
+
 def gain_is_real(baseline: list[float], candidate: list[float], alpha: float = 0.05) -> tuple[bool, float]:
     """One-sided Welch t-test that candidate throughput exceeds baseline; returns (accepted, p-value)."""
     b, c = np.asarray(baseline, float), np.asarray(candidate, float)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from attune.cli.common import emit
+from attune.cli.common import emit, quiet_local_prefect
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -45,8 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    quiet_local_prefect("WARNING")
     os.environ.setdefault("MPLBACKEND", "Agg")
     _validate(args)
     from flows.bench import tuner_benchmark

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import os
 
-from attune.cli.common import emit
+from attune.cli.common import emit, quiet_local_prefect
 from attune.errors import InputError
 
 
@@ -35,12 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    # Our own progress lines say what happens; Prefect's console logs (tracebacks of retried
-    # trials included) would bury them. PREFECT_LOGGING_LEVEL=INFO brings them back.
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "CRITICAL")
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    # The ephemeral API server starts in ~10 s; on a loaded 2-core machine 20 s (the default) is short.
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    quiet_local_prefect()
     if args.budget_gpu_hours <= 0:
         raise InputError("--budget-gpu-hours", f"must be > 0, got {args.budget_gpu_hours:g}")
     planner_options = {}

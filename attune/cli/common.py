@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -62,3 +63,17 @@ def emit(payload: Any, as_json: bool, text: str | None = None) -> None:
         sys.stdout.write("\n")
     else:
         sys.stdout.write(text.rstrip("\n") + "\n")
+
+
+def quiet_local_prefect(log_level: str = "CRITICAL") -> None:
+    """Environment defaults for a command that runs Prefect flows on the ephemeral local API.
+
+    Our own progress lines say what happens; Prefect's console logs (tracebacks of retried trials
+    included) would bury them, so PREFECT_LOGGING_LEVEL=INFO brings them back. The ephemeral API
+    starts in ~10 s, but its first start on a fresh machine migrates a new database and takes
+    longer than Prefect's 20 s default (seen: a first `attune bench` timed out), so allow 120 s.
+    Values the user set win.
+    """
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", log_level)
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")

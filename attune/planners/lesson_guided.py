@@ -16,6 +16,10 @@ Search rules (each can be switched off for ablations, see RULES):
                    among the moves predicted to improve, one that brings levers in line with the
                    goal is credited with a share of the goal's remaining predicted gain, so the
                    one-lever walk heads for the estimator's optimum instead of the nearest hill
+  recheck          a trial the estimator predicted to clear the noise band that measured a gain
+                   inside it is measured once more before it is judged: one noisy run should not
+                   send the walk down another path (the incumbent rule compares means, so two
+                   runs need a smaller margin than one; attune.campaign.noise.clears_band)
   exact-only       no move that puts the candidate in the gate's numerics tier (float8: the config
                    check passes it on to the convergence check): the campaign ships one incumbent,
                    and a failed convergence check throws its whole gain away. The proxy gate
@@ -37,7 +41,7 @@ from attune.space import config_for
 from lessons.catalog import Lesson, load_lessons, match
 
 RULES = ("oom-recompute", "estimator-fit", "no-repeat", "cheaper-ties", "lessons", "gate-safe", "exact-only",
-         "estimator-goal")
+         "estimator-goal", "recheck")
 TIE = 0.005            # predicted gains closer than this are a tie
 LESSON_WEIGHT = 0.5    # how much a matching lesson's prior adds to the estimator's predicted gain
 GOAL_WEIGHT = 0.5      # share of the goal's remaining predicted gain credited per lever brought in line
@@ -85,6 +89,10 @@ class LessonGuidedPlanner:
             retry = self._recompute_retry(view, last, tried)
             if retry is not None:
                 return retry
+        if last is not None and "recheck" not in self.disabled:
+            again = self._recheck(view, last)
+            if again is not None:
+                return again
         incumbent = resolve_layout(config_for(recipe, view.incumbent), recipe.architecture, recipe.cluster)
         symptoms = self._incumbent_symptoms(view)
         candidates = self._candidates(view, incumbent, symptoms, tried)
@@ -168,6 +176,25 @@ class LessonGuidedPlanner:
         return Proposal(levers=moved, move={AC_MODE: moved[AC_MODE]}, lesson_id="oom-recompute",
                         rationale=f"rule oom-recompute: the last layout ran out of memory; retried with "
                                   f"{moved[AC_MODE]} recomputation before abandoning it")
+
+    def _recheck(self, view: PlannerView, last: Observation) -> Proposal | None:
+        """The last trial once more, if it measured a gain inside the band the estimator expected it to clear."""
+        if not last.result.ok or last.levers == view.incumbent or last.levers == view.history[0].levers:
+            return None
+        if sum(1 for obs in view.history if obs.levers == last.levers and obs.result.ok) != 1 or not view.incumbent_tps:
+            return None
+        measured = last.result.tokens_per_sec_per_gpu / view.incumbent_tps - 1
+        recipe = view.recipe
+        here = predict(recipe, resolve_layout(config_for(recipe, view.incumbent), recipe.architecture, recipe.cluster))
+        there = predict(recipe, resolve_layout(config_for(recipe, last.levers), recipe.architecture, recipe.cluster))
+        expected = there.tokens_per_sec_per_gpu / here.tokens_per_sec_per_gpu - 1
+        if measured <= 0 or expected < view.noise_band:
+            return None
+        if view.affordable is not None and not view.affordable(last.levers):
+            return None
+        return Proposal(levers=dict(last.levers), move=None, expected_gain=expected,
+                        rationale=f"rule recheck: measured {measured:+.1%} over the incumbent, inside the noise "
+                                  f"band, where the estimator predicts {expected:+.1%}: measured once more")
 
     def _gate_ok(self, recipe: Recipe, levers: dict[str, Scalar]) -> bool:
         """The gate rules in force: gate-safe (config check passes), exact-only (no numerics change)."""

@@ -49,6 +49,16 @@ def main() -> None:
     print(f"campaign of {result2['trials']} trials: {total2:.1f} s end to end (gate {gate2:.1f} s); "
           f"orchestration overhead per trial {per_trial:.2f} s (Prefect task runs + MLflow nested run + state)")
 
+    # the same with the trials tagged gpu-pool:sim, as trials on a GPU pool are: each tagged task run
+    # also asks the server for a concurrency slot
+    started = time.perf_counter()
+    result3 = tune_campaign(recipe, 90.0, planner="random", seed=3, quiet=True, replicates=3, gpu_pool="sim")
+    total3 = time.perf_counter() - started
+    state3 = CampaignState.load(sorted(home.glob(".attune/campaigns/*/state.json"), key=os.path.getmtime)[-1])
+    gate3 = float((state3.gate or {}).get("seconds", 0.0) or 0.0)
+    print(f"campaign of {result3['trials']} trials tagged gpu-pool:sim: {total3:.1f} s end to end (gate {gate3:.1f} s); "
+          f"orchestration overhead per trial {(total3 - gate3) / max(1, result3['trials']):.2f} s")
+
 
 if __name__ == "__main__":
     main()

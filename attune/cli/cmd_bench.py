@@ -16,15 +16,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("bench", help="benchmark planners on the sim stack (simulated results)")
     p.add_argument("--recipes", nargs="+", required=True, metavar="RECIPE", help="recipe TOML files")
     p.add_argument("--planners", default="attune,random,bayes,estimator-topk",
-                   help="comma-separated: attune, random, bayes, estimator-topk, grid, optico, attune-no-RULE")
+                   help="comma-separated: attune, random, bayes, estimator-topk, grid, attune-no-RULE")
     p.add_argument("--budget-gpu-hours", type=float, metavar="H",
                    help="per campaign (default: 40 GPU-hours per 64 GPUs of each recipe's cluster)")
     p.add_argument("--seeds", type=int, default=5, help="seeds per recipe and planner (default 5)")
     p.add_argument("--cluster", metavar="ACCEL:COUNT", help="run every recipe on this cluster, e.g. h100:64")
     p.add_argument("--model-spec", metavar="FILE", help="model spec file replacing every recipe's model")
     p.add_argument("--disable-rule", action="append", default=[], metavar="RULE",
-                   help="switch a search rule of the attune planner off: oom-recompute, estimator-fit, "
-                        "no-repeat, cheaper-ties, lessons")
+                   help="switch a search rule of the attune planner off (repeatable): "
+                        + ", ".join(_rules()))
     p.add_argument("--ablations", action="store_true", help="add attune-no-RULE for every rule (ablation table)")
     p.add_argument("--steps", type=int, default=10, help="measured steps per trial (default 10)")
     p.add_argument("--replicates", type=int, default=3, help="baseline and confirmation replicates (default 3)")
@@ -42,6 +42,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(func=run)
+
+
+def _rules() -> tuple[str, ...]:
+    from attune.planners.lesson_guided import RULES
+    return RULES
 
 
 def run(args: argparse.Namespace) -> int:

@@ -20,8 +20,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=10, help="measured steps per trial (default 10)")
     p.add_argument("--replicates", type=int, default=3, help="baseline and confirmation replicates (default 3)")
     p.add_argument("--disable-rule", action="append", default=[], metavar="RULE",
-                   help="switch a search rule off (ablations): oom-recompute, estimator-fit, no-repeat, "
-                        "cheaper-ties, lessons")
+                   help="switch a search rule of the attune planner off (ablations), e.g. oom-recompute, "
+                        "recheck, lessons (attune bench --help lists them all)")
     p.add_argument("--gate-steps", type=int, help="proxy steps for the convergence check (default: the gate's)")
     p.add_argument("--mlflow-uri", help="MLflow tracking URI (default: SQLite under .attune/)")
     p.add_argument("--out", help="where to write the shipped recipe (default: in the campaign folder)")

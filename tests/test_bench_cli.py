@@ -44,7 +44,8 @@ def test_bench_end_to_end_json_plots_and_mlflow(cli, tmp_path):
                     "gpu_hours_to_95", "gate_pass_rate", "payback_hours"):
             assert key in row, key
         assert row["gpu_hours_used"] <= 12.0 and 0 < row["oracle_share"] <= 1.0 + 1e-6
-    assert (out / "results.md").read_text().count("| llama3_8b") == 2
+    md = (out / "results.md").read_text()
+    assert all(md.count(f"| {rows[0]['recipe']} | {planner} |") == 1 for planner in ("random", "estimator-topk"))
     assert (out / "bench.png").stat().st_size > 10_000
     db = sqlite3.connect(tmp_path / ".attune" / "mlflow.db")
     names = {n for (n,) in db.execute("select name from experiments")}

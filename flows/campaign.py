@@ -3,6 +3,8 @@
     recipe ──► baseline (k replicates) ──► noise band
        loop: plan ONE lever move ──► trial ──► diagnose        while budget and moves are left
     confirm incumbent (replicates) ──► correctness gate ──► ship, or keep the baseline and say why
+                     ▲                        │ refused a numerics change (float8)
+                     └── best candidate without one
 """
 
 from __future__ import annotations
@@ -138,19 +140,23 @@ def tune_campaign(recipe_path: str, budget_gpu_hours: float, stack: str = "sim",
     c.state.phase = "confirm" if c.state.phase == "search" else c.state.phase
     c.save()
 
-    # confirm the incumbent with replicates, then accept its gain only if it is real
-    if c.state.phase == "confirm":
-        for levers in engine.confirm_plan(c):
-            if _measure(c, tracker, "confirm", levers) is None:
-                break
-        engine.settle_incumbent(c)
-        c.state.phase = "gate"
-        c.save()
-
-    # the correctness gate decides what ships
-    if c.state.incumbent_record.role != "baseline" and c.state.gate is None:
-        _progress(c, "correctness gate on the incumbent")
-        correctness_gate(quote(c))
+    # confirm the incumbent with replicates, accept its gain only if it is real, then the
+    # correctness gate decides what ships; a refused float8 candidate falls back on the best one
+    # without a numerics change, which is confirmed and gated in turn
+    while True:
+        if c.state.phase == "confirm":
+            for levers in engine.confirm_plan(c):
+                if _measure(c, tracker, "confirm", levers) is None:
+                    break
+            engine.settle_incumbent(c)
+            c.state.phase = "gate"
+            c.save()
+        if c.state.incumbent_record.role != "baseline" and c.state.gate is None:
+            _progress(c, "correctness gate on the incumbent")
+            correctness_gate(quote(c))
+        if not engine.fall_back(c):
+            break
+        _progress(c, "the gate refused the numerics change; falling back on the best candidate without one")
     recipe_out = ship(quote(c), out, store)
     result = finish.campaign_result(c)
     update_lessons(quote(c))

@@ -70,3 +70,78 @@ def test_gain_inside_the_noise_band_does_not_replace_the_incumbent(write_recipe,
     record_trial(c, "trial", big, _result(recipe, big, tps=5000.0 * (1 + 2 * band)))
     assert c.state.incumbent_record.levers == big
     assert c.state.budget.spent_gpu_hours == pytest.approx(0.0)  # record_trial does not charge; execute_attempt does
+
+
+def test_the_margin_a_candidate_must_clear_shrinks_with_its_samples():
+    from attune.campaign.noise import clears_band
+
+    baseline = [100.0, 100.0, 100.0]              # margin z(0.9) * 2% * sqrt(1/n + 1/3)
+    assert not clears_band([102.5], baseline, 0.02)          # one run: 2.96% needed
+    assert clears_band([102.5, 102.5], baseline, 0.02)       # two runs: 2.34% needed
+    assert not clears_band([99.0, 110.0], [], 0.02) and not clears_band([], baseline, 0.02)
+
+
+def test_a_near_miss_the_estimator_expected_to_clear_is_measured_once_more(write_recipe, tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTUNE_HOME", str(tmp_path))
+    recipe = load_recipe(write_recipe())
+    base = recipe.layout().levers()
+    history = [Observation(levers=base, result=_result(recipe, base), diagnosis=["low_mfu"]) for _ in range(3)]
+    first = LessonGuidedPlanner().propose(_view(recipe, history, base))
+    assert first is not None and first.expected_gain > 0.02   # the view's band
+    near = history + [Observation(levers=first.levers, result=_result(recipe, first.levers, tps=5050.0))]  # +1%
+    again = LessonGuidedPlanner().propose(_view(recipe, near, base))
+    assert again.levers == first.levers and again.rationale.startswith("rule recheck")
+    twice = near + [Observation(levers=first.levers, result=_result(recipe, first.levers, tps=5040.0))]
+    after = LessonGuidedPlanner().propose(_view(recipe, twice, base))
+    assert after is None or after.levers != first.levers                 # once, not again
+    off = LessonGuidedPlanner(disabled=frozenset({"recheck"})).propose(_view(recipe, near, base))
+    assert off is None or off.levers != first.levers
+    lost = history + [Observation(levers=first.levers, result=_result(recipe, first.levers, tps=4900.0))]
+    moved_on = LessonGuidedPlanner().propose(_view(recipe, lost, base))
+    assert moved_on is None or not moved_on.rationale.startswith("rule recheck")   # a loss is not rechecked
+
+
+H100_8B = """
+name = "llama3_8b-h100"
+model = "llama3.1-8b"
+[cluster]
+accelerator = "h100"
+gpus = 64
+[stack]
+torch = "2.13.0"
+torchtitan = "0.3.0"
+[config]
+"training.local_batch_size" = 2
+"training.seq_len" = 8192
+"optimizer.lr" = 3e-4
+"activation_checkpoint.mode" = "selective"
+"""
+
+
+def _best_exact_layout(recipe):
+    from attune.campaign.tier import gate_verdict
+    from attune.planners.estimates import rank_layouts
+
+    ranked = rank_layouts(recipe)
+    for i in range(2000):
+        passes, numerics = gate_verdict(recipe, ranked[i])
+        if passes and not numerics:
+            return ranked[i]
+    raise AssertionError("no exact-tier layout among the first 2000")
+
+
+def test_float8_is_tried_only_after_the_walk_without_it_has_converged(write_recipe, tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTUNE_HOME", str(tmp_path))
+    recipe = load_recipe(write_recipe(H100_8B))
+    base = recipe.layout().levers()
+    history = [Observation(levers=base, result=_result(recipe, base))]
+    early = LessonGuidedPlanner().propose(_view(recipe, history, base))
+    assert early.levers["quantize.float8"] == "none"
+    # at the estimator's best layout without float8 no exact-tier move is worth a trial: float8 opens
+    top = _best_exact_layout(recipe)
+    at_top = history + [Observation(levers=top, result=_result(recipe, top, tps=6000.0))]
+    view = PlannerView(recipe=recipe, domains=lever_domains(recipe), history=at_top, incumbent=top,
+                       incumbent_tps=6000.0, noise_band=0.02, budget_left_gpu_hours=100.0)
+    late = LessonGuidedPlanner().propose(view)
+    assert late is not None and late.levers["quantize.float8"] != "none"
+    assert {k for k, v in late.levers.items() if top[k] != v} >= {"quantize.float8"}

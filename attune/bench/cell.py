@@ -119,11 +119,11 @@ def score_campaign(cell, result: dict[str, Any]) -> dict[str, Any]:
 
     gate = result.get("gate") or None
     base = tps(baseline_levers)
-    ships = shippable_rule(recipe, baseline_levers, state, gate)
-    points = incumbent_trajectory(state)
-    trajectory = [[h, (tps(levers) / base - 1.0) if ships(levers) else 0.0] for h, levers in points]
+    judge = GateJudge(recipe, baseline_levers, state, gate)
+    trajectory = [[h, tps(levers) / base - 1.0] for h, levers in judge.would_ship(incumbent_trajectory(state))]
     shipped = tps(shipped_levers)
-    searched = tps(state.incumbent_record.levers)   # what the search settled on, before the gate
+    # what the search settled on, before the gate (and before any fallback from a refused float8 candidate)
+    searched = tps(state.rejected[0]["levers"] if state.rejected else state.incumbent_record.levers)
     trajectory.append([result["gpu_hours_used"], shipped / base - 1.0])
     baseline_hours = sum(t.result.gpu_hours for t in state.trials if t.role == "baseline")
     return {"baseline_gpu_hours": baseline_hours, "gain": shipped / base - 1.0, "search_gain": searched / base - 1.0, "measured_gain": result["gain"], "truth_baseline_tps": base,
@@ -131,28 +131,49 @@ def score_campaign(cell, result: dict[str, Any]) -> dict[str, Any]:
             "tps_trajectory": [[h, (1.0 + g) * base] for h, g in trajectory],
             "gpu_hours_used": result["gpu_hours_used"], "trials": result["trials"], "shipped": result["shipped"],
             "gate_passed": (bool(gate.get("passed")) if gate else None), "stop_reason": result["stop_reason"],
+            "gate_runs": len(state.rejected) + (1 if gate else 0), "fell_back": bool(state.rejected),
             "shipped_levers": shipped_levers, "campaign_id": result["campaign_id"]}
 
 
-def shippable_rule(recipe, baseline_levers: dict, state, gate: dict | None):
-    """Would the campaign ship this incumbent if it stopped now? The trajectory scores an incumbent
-    at what stopping there would ship: the baseline's throughput unless the incumbent passes the gate.
-    The gated incumbent has the real verdict; any other is judged by the gate's public config check
-    (objective fields, known defects) and, in the numerics tier (float8), counted as failing: only
-    the proxy's convergence check could pass it, and it is run on the final incumbent alone."""
-    from attune.planners.lesson_guided import gate_verdict
+class GateJudge:
+    """Would the campaign ship this incumbent if it stopped now? The trajectory scores each point at
+    what stopping there would ship. An incumbent the gate passed ships; a float8 one the gate refused
+    falls back on the best incumbent without a numerics change before it (attune.campaign.engine.
+    fall_back); anything else ships the baseline. The real verdicts are known for the candidates the
+    campaign gated; any other incumbent is judged by the gate's public config check (objective fields,
+    known defects), and a numerics-tier (float8) one counts as refused: only the proxy's convergence
+    check could pass it, and the campaign ran it on its final candidates alone."""
 
-    gated = state.incumbent_record.levers if gate is not None else None
-    memo: dict[tuple, bool] = {}
+    def __init__(self, recipe, baseline_levers: dict, state, gate: dict | None):
+        self.recipe, self.baseline = recipe, baseline_levers
+        self.known = {self._key(r["levers"]): False for r in state.rejected}
+        if gate is not None:
+            self.known[self._key(state.incumbent_record.levers)] = bool(gate.get("passed"))
+        self._tier: dict[tuple, tuple[bool, bool]] = {}
 
-    def ships(levers: dict) -> bool:
-        if levers == baseline_levers:
-            return True
-        if gated is not None and levers == gated:
-            return bool(gate.get("passed"))
-        key = tuple(sorted(levers.items()))
-        if key not in memo:
-            passes, numerics = gate_verdict(recipe, levers)
-            memo[key] = passes and not numerics
-        return memo[key]
-    return ships
+    @staticmethod
+    def _key(levers: dict) -> tuple:
+        return tuple(sorted(levers.items()))
+
+    def verdict(self, levers: dict) -> tuple[bool, bool]:
+        """(passes the gate, is in the numerics tier)."""
+        from attune.campaign.tier import gate_verdict
+
+        key = self._key(levers)
+        if key not in self._tier:
+            self._tier[key] = gate_verdict(self.recipe, levers) if levers != self.baseline else (True, False)
+        passes, numerics = self._tier[key]
+        if key in self.known:
+            passes = self.known[key]
+        elif numerics:
+            passes = False
+        return passes, numerics
+
+    def would_ship(self, points: list[tuple[float, dict]]) -> list[tuple[float, dict]]:
+        out, fallback = [], self.baseline
+        for hours, levers in points:
+            passes, numerics = self.verdict(levers)
+            if not numerics:
+                fallback = levers if passes else self.baseline
+            out.append((hours, levers if passes else fallback if numerics else self.baseline))
+        return out

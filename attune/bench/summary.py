@@ -18,7 +18,8 @@ in what the planner chose, not in the noise that happened to hit the final measu
   median_oracle_share / median_shippable_share
                     median over seeds of shipped throughput / the oracle's, and / the best layout the
                     gate's config check passes without a numerics change (what a campaign can ship)
-  gate_pass_rate    gated campaigns whose candidate passed the correctness gate (None: none gated)
+  gate_pass_rate    gate verdicts that passed, over all the campaigns' verdicts (a campaign whose
+                    float8 candidate was refused gates its fallback too; None: nothing gated)
   payback_hours     hours of training on the recipe's cluster that repay the mean GPU-hours spent
                     at the mean gain (attune.campaign.payback); None without a positive gain
 Extras: search_gain (mean ground-truth gain of the layout the search settled on, before the gate:
@@ -107,6 +108,7 @@ def summarize(cells: list[dict], oracle: dict[str, dict]) -> list[dict]:
         best_tps = (oracle.get(recipe) or {}).get("tokens_per_sec_per_gpu")
         exact_tps = ((oracle.get(recipe) or {}).get("exact") or {}).get("tokens_per_sec_per_gpu")
         gated = [c for c in ok if c["gate_passed"] is not None]
+        runs = sum(c.get("gate_runs", 1) for c in gated)   # a refused float8 candidate and its fallback: 2
         used = mean(c["gpu_hours_used"] for c in ok)
         mean_gain = float(np.mean(gains))
         row |= {
@@ -119,7 +121,7 @@ def summarize(cells: list[dict], oracle: dict[str, dict]) -> list[dict]:
             "baseline_gpu_hours": mean(c.get("baseline_gpu_hours") or 0.0 for c in ok),
             "gpu_hours_to_95": hours_to_reach([c["trajectory"] for c in ok], mean_gain),
             "search_gpu_hours_to_95": hours_to_reach([after_baseline(c) for c in ok], mean_gain),
-            "gate_pass_rate": (sum(bool(c["gate_passed"]) for c in gated) / len(gated)) if gated else None,
+            "gate_pass_rate": (sum(bool(c["gate_passed"]) for c in gated) / runs) if runs else None,
             "payback_hours": payback_hours(used, mean_gain, ok[0]["gpus"]),
             "max_budget_share": max(c["gpu_hours_used"] / c["budget_gpu_hours"] for c in ok),
             "shipped_share": sum(bool(c["shipped"]) for c in ok) / len(ok),

@@ -17,6 +17,7 @@ from attune.campaign.budget import Budget, gpu_hours
 from attune.campaign.diagnosis import diagnose
 from attune.campaign.noise import MIN_RELATIVE_SD, clears_band, gain_is_real, relative_sd, search_band
 from attune.campaign.state import CampaignState, PendingTrial, Role, TrialRecord, attune_home, campaign_id
+from attune.campaign.tier import numerics_tier
 from attune.errors import InputError
 from attune.planners.base import Observation, PlannerView, Proposal
 from attune.planners.registry import make_planner
@@ -189,6 +190,7 @@ def _after_baseline(c: Campaign) -> None:
     ok = [t for t in c.state.of_role("baseline") if t.result.ok]
     if ok:
         c.state.incumbent = c.state.incumbent if c.state.incumbent is not None else ok[0].index
+        c.state.fallback = c.state.fallback if c.state.fallback is not None else ok[0].index
         c.state.noise_rel_sd = relative_sd([t.tps for t in ok])
         c.state.noise_band = search_band(c.state.noise_rel_sd)
 
@@ -205,6 +207,8 @@ def _maybe_new_incumbent(c: Campaign, record: TrialRecord) -> None:
     if record.result.ok and incumbent is not None and record.levers != incumbent.levers:
         if beats_incumbent(c.state.trials[: record.index + 1], record.levers, incumbent.levers, c.state.noise_rel_sd):
             c.state.incumbent = record.index
+            if not numerics_tier(c.recipe, record.levers):
+                c.state.fallback = record.index
 
 
 def beats_incumbent(trials: list[TrialRecord], candidate: dict[str, Any], incumbent: dict[str, Any],
@@ -256,6 +260,24 @@ def confirm_plan(c: Campaign) -> list[dict[str, Any]]:
         return []
     have = len([t for t in c.state.measured(incumbent.levers) if t.result.ok])
     return [incumbent.levers] * max(0, c.settings.replicates - have)
+
+
+def fall_back(c: Campaign) -> bool:
+    """The gate refused a numerics-tier incumbent (float8: its proxy curves left the band): make
+    the best incumbent without a numerics change the candidate instead, to be confirmed and gated
+    in turn. False when there is none better than the baseline or it was the one refused."""
+    incumbent, gate = c.state.incumbent_record, c.state.gate
+    if incumbent is None or incumbent.role == "baseline" or gate is None or gate.get("passed"):
+        return False
+    fallback = c.state.trials[c.state.fallback] if c.state.fallback is not None else None
+    if fallback is None or fallback.role == "baseline" or not numerics_tier(c.recipe, incumbent.levers):
+        return False   # the refusal stands: the baseline is kept
+    c.state.rejected.append({"levers": incumbent.levers, "gate": gate})
+    c.state.gate = None
+    c.state.incumbent = fallback.index
+    c.state.phase = "confirm"
+    c.save()
+    return True
 
 
 def settle_incumbent(c: Campaign) -> tuple[bool, float]:

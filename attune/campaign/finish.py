@@ -64,17 +64,24 @@ def ship(c: Campaign, out_path: Path | None) -> Path | None:
 
 def final_message(c: Campaign) -> str:
     search = c.state.stop_reason or "finished"
+    if c.state.rejected:
+        search += (f"; the gate refused the float8 candidate ({_why(c.state.rejected[-1]['gate'])}), "
+                   f"so the best candidate without a numerics change was confirmed and gated instead")
     if c.state.shipped:
         return f"{search}; shipped {c.state.recipe_out}"
     gate = c.state.gate
     if gate is not None and not gate.get("passed"):
-        why = [v.get("field", "") + ": " + v.get("reason", "") for v in gate.get("config", {}).get("violations", [])]
-        why += [d.get("id", "") for d in gate.get("config", {}).get("defects", [])]
-        conv = gate.get("convergence") or {}
-        if conv and conv.get("passed") is False:
-            why.append("convergence: " + str(conv.get("reason", "loss curve outside the baseline band")))
-        return f"{search}; gate failed ({'; '.join(why) or 'see gate report'}), kept the baseline recipe"
+        return f"{search}; gate failed ({_why(gate)}), kept the baseline recipe"
     return f"{search}; kept the baseline recipe"
+
+
+def _why(gate: dict[str, Any]) -> str:
+    why = [v.get("field", "") + ": " + v.get("reason", "") for v in gate.get("config", {}).get("violations", [])]
+    why += [d.get("id", "") for d in gate.get("config", {}).get("defects", [])]
+    conv = gate.get("convergence") or {}
+    if conv and conv.get("passed") is False:
+        why.append("convergence: " + str(conv.get("reason", "loss curve outside the baseline band")))
+    return "; ".join(why) or "see gate report"
 
 
 def summary(record_levers: dict[str, Any], c: Campaign) -> dict[str, Any]:
@@ -98,6 +105,7 @@ def campaign_result(c: Campaign) -> dict[str, Any]:
         "baseline": base, "best": best, "gain": gain, "noise_band": s.noise_band,
         "gpu_hours_used": s.budget.spent_gpu_hours, "budget_gpu_hours": s.budget.total_gpu_hours,
         "trials": len(s.trials), "stop_reason": final_message(c), "gate": s.gate, "shipped": s.shipped,
+        "gate_rejected": [{"levers": r["levers"], "reason": _why(r["gate"])} for r in s.rejected],
         "payback_hours": payback_hours(s.budget.spent_gpu_hours, gain, c.recipe.cluster.gpus) if s.shipped else None,
         "mlflow_run_id": s.mlflow_run_id, "recipe_out": s.recipe_out, "campaign_dir": str(c.directory),
     }

@@ -20,11 +20,12 @@ Search rules (each can be switched off for ablations, see RULES):
                    inside it is measured once more before it is judged: one noisy run should not
                    send the walk down another path (the incumbent rule compares means, so two
                    runs need a smaller margin than one; attune.campaign.noise.clears_band)
-  exact-only       no move that puts the candidate in the gate's numerics tier (float8: the config
-                   check passes it on to the convergence check): the campaign ships one incumbent,
-                   and a failed convergence check throws its whole gain away. The proxy gate
-                   rejected float8 tensorwise candidates in every probe so far (see the benchmark
-                   notes); switch the rule off where float8 is known to pass
+  exact-first      no move that puts the candidate in the gate's numerics tier (float8: the config
+                   check passes it on to the convergence check on the proxy) until the walk without
+                   one has converged; then float8 moves are tried from the incumbent. The proxy
+                   passes float8 on some recipes and refuses it on others, and a refused candidate
+                   falls back on the best one without a numerics change (the campaign's fall_back),
+                   so the exact-tier gain is found first and never staked on the float8 verdict
 """
 
 from __future__ import annotations
@@ -34,13 +35,14 @@ from dataclasses import dataclass, field
 from attune.errors import InputError
 from attune.layout import AC_MODE, FLOAT8, LOCAL_BATCH, Layout, apply_levers, resolve_layout
 from attune.levers import Scalar
+from attune.campaign.tier import gate_verdict
 from attune.planners.base import Observation, PlannerView, Proposal
 from attune.planners.estimates import predict
 from attune.recipe import Recipe
 from attune.space import config_for
 from lessons.catalog import Lesson, load_lessons, match
 
-RULES = ("oom-recompute", "estimator-fit", "no-repeat", "cheaper-ties", "lessons", "gate-safe", "exact-only",
+RULES = ("oom-recompute", "estimator-fit", "no-repeat", "cheaper-ties", "lessons", "gate-safe", "exact-first",
          "estimator-goal", "recheck")
 TIE = 0.005            # predicted gains closer than this are a tie
 LESSON_WEIGHT = 0.5    # how much a matching lesson's prior adds to the estimator's predicted gain
@@ -80,6 +82,7 @@ class LessonGuidedPlanner:
     _gate_memo: dict[tuple, bool] = field(default_factory=dict)
     _goal: dict[str, Scalar] | None = None
     _goal_done: bool = False
+    _numerics_open: bool = False    # exact-first: numerics-tier moves allowed from now on
 
     def propose(self, view: PlannerView) -> Proposal | None:
         recipe = view.recipe
@@ -95,17 +98,14 @@ class LessonGuidedPlanner:
                 return again
         incumbent = resolve_layout(config_for(recipe, view.incumbent), recipe.architecture, recipe.cluster)
         symptoms = self._incumbent_symptoms(view)
-        candidates = self._candidates(view, incumbent, symptoms, tried)
-        if not candidates:
-            self.stop_reason = "no moves left: every valid one-lever move from the incumbent was measured"
-            return None
         floor = self.min_gain if self.min_gain is not None else view.noise_band / 2
-        candidates = [c for c in candidates if c.score > floor]
+        candidates = self._worthwhile(view, incumbent, symptoms, tried, floor)
+        if not candidates and not self._numerics_open and "exact-first" not in self.disabled:
+            self._numerics_open = True   # the exact-tier walk has converged: now float8 may be tried
+            candidates = self._worthwhile(view, incumbent, symptoms, tried, floor)
         if not candidates:
-            self.stop_reason = (f"converged: no untried one-lever move is predicted to gain more than "
-                                f"{floor:.1%} over the incumbent")
             return None
-        if "estimator-goal" not in self.disabled:
+        if "estimator-goal" not in self.disabled and not self._numerics_open:
             self._credit_goal(view, incumbent, candidates)
         best_rank = max(c.rank for c in candidates)
         if "cheaper-ties" in self.disabled:
@@ -121,6 +121,19 @@ class LessonGuidedPlanner:
                                   f"{pick.predicted_gain:+.1%}{pick.note}")
 
     # ------------------------------------------------------------------------------------------
+    def _worthwhile(self, view: PlannerView, incumbent: Layout, symptoms: set[str], tried: list,
+                    floor: float) -> list[Candidate]:
+        """Candidates predicted to gain more than `floor`; if none, stop_reason says why."""
+        candidates = self._candidates(view, incumbent, symptoms, tried)
+        if not candidates:
+            self.stop_reason = "no moves left: every valid one-lever move from the incumbent was measured"
+            return []
+        candidates = [c for c in candidates if c.score > floor]
+        if not candidates:
+            self.stop_reason = (f"converged: no untried one-lever move is predicted to gain more than "
+                                f"{floor:.1%} over the incumbent")
+        return candidates
+
     def _credit_goal(self, view: PlannerView, incumbent: Layout, candidates: list[Candidate]) -> None:
         """Credit each improving candidate with GOAL_WEIGHT x the goal's predicted gain over the
         incumbent x the share of the remaining distance (levers that differ) it closes."""
@@ -150,7 +163,7 @@ class LessonGuidedPlanner:
             checks = 0
             for i in range(min(len(ranked), GOAL_SCAN)):
                 levers = ranked[i]
-                if "exact-only" not in self.disabled and levers[FLOAT8] != float8:
+                if "exact-first" not in self.disabled and levers[FLOAT8] != float8:
                     continue   # cheap: a float8 change always puts the candidate in the numerics tier
                 if self._gate_ok(view.recipe, levers):
                     self._goal = levers
@@ -197,12 +210,14 @@ class LessonGuidedPlanner:
                                   f"band, where the estimator predicts {expected:+.1%}: measured once more")
 
     def _gate_ok(self, recipe: Recipe, levers: dict[str, Scalar]) -> bool:
-        """The gate rules in force: gate-safe (config check passes), exact-only (no numerics change)."""
+        """The gate rules in force: gate-safe (config check passes), exact-first (no numerics change
+        until the exact-tier walk has converged)."""
         key = tuple(sorted(levers.items()))
         if key not in self._gate_memo:
             self._gate_memo[key] = gate_verdict(recipe, levers)
         passed, numerics = self._gate_memo[key]
-        return (passed or "gate-safe" in self.disabled) and (not numerics or "exact-only" in self.disabled)
+        numerics_ok = self._numerics_open or "exact-first" in self.disabled
+        return (passed or "gate-safe" in self.disabled) and (not numerics or numerics_ok)
 
     def _incumbent_symptoms(self, view: PlannerView) -> set[str]:
         for obs in reversed(view.history):
@@ -287,15 +302,6 @@ class LessonGuidedPlanner:
         cost = view.trial_cost_gpu_hours(levers) if view.trial_cost_gpu_hours else pred.step_time_s
         return Candidate(levers=levers, move=levers_move, predicted_gain=pred.tokens_per_sec_per_gpu / base_tps - 1,
                          cost=cost, lesson=lesson, note=note)
-
-
-def gate_verdict(recipe: Recipe, levers: dict[str, Scalar]) -> tuple[bool, bool]:
-    """What the gate's config check (public, deterministic, no training) says of this layout:
-    (passes, changes numerics so the convergence check must decide)."""
-    from gate.config_check import check_config
-
-    verdict = check_config(recipe, recipe.with_config(config_for(recipe, levers)))
-    return verdict.passed, bool(verdict.numerics_change)
 
 
 def gate_accepts(recipe: Recipe, levers: dict[str, Scalar]) -> bool:

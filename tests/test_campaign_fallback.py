@@ -1,0 +1,99 @@
+"""A float8 candidate the gate refuses falls back on the best candidate without a numerics change,
+and the benchmark scores every point of a campaign at what stopping there would ship."""
+
+from __future__ import annotations
+
+import pytest
+
+from attune.bench.cell import GateJudge
+from attune.bench.trajectory import incumbent_trajectory
+from attune.campaign import finish
+from attune.campaign.engine import CampaignSettings, fall_back, open_campaign, record_trial
+from attune.recipe import load_recipe
+from attune.stacks.base import TrialResult, TrialStatus
+
+F8 = "quantize.float8"
+REFUSED = {"passed": False, "config": {"violations": [], "defects": []},
+           "convergence": {"passed": False, "reason": "loss curve outside the baseline band"}}
+
+RECIPE = """
+name = "llama3_8b-h100"
+model = "llama3.1-8b"
+[cluster]
+accelerator = "h100"
+gpus = 64
+[stack]
+torch = "2.13.0"
+torchtitan = "0.3.0"
+[config]
+"training.local_batch_size" = 2
+"training.seq_len" = 8192
+"optimizer.lr" = 3e-4
+"activation_checkpoint.mode" = "selective"
+"""
+
+
+def _ok(recipe, levers, tps):
+    return TrialResult(status=TrialStatus.OK, stack="sim", levers=levers, gpus=recipe.cluster.gpus, wall_time_s=3600,
+                       tokens_per_sec_per_gpu=tps, mfu=0.4, step_time_s=2.0, peak_memory_gib=60.0, simulated=True)
+
+
+@pytest.fixture
+def campaign(write_recipe, tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTUNE_HOME", str(tmp_path))
+    recipe = load_recipe(write_recipe(RECIPE))
+    c = open_campaign(recipe, CampaignSettings(budget_gpu_hours=500), home=tmp_path)
+    base = recipe.layout().levers()
+    for tps in (5000.0, 5050.0, 4950.0):
+        record_trial(c, "baseline", base, _ok(recipe, base, tps))
+    return c
+
+
+def test_a_refused_float8_incumbent_falls_back_on_the_best_exact_one(campaign):
+    c = campaign
+    base = c.recipe.layout().levers()
+    exact = base | {"compile.enable": True}
+    record_trial(c, "trial", exact, _ok(c.recipe, exact, 5600.0))
+    float8 = exact | {F8: "rowwise"}
+    record_trial(c, "trial", float8, _ok(c.recipe, float8, 6500.0))
+    assert c.state.incumbent_record.levers == float8 and c.state.trials[c.state.fallback].levers == exact
+    c.state.gate, c.state.phase = dict(REFUSED), "gate"
+    assert fall_back(c)
+    assert c.state.incumbent_record.levers == exact and c.state.phase == "confirm" and c.state.gate is None
+    assert c.state.rejected[0]["levers"] == float8
+    # the fallback passes: nothing more to fall back on, and the result says what happened
+    c.state.gate = {"passed": True}
+    assert not fall_back(c)
+    message = finish.final_message(c)
+    assert "refused the float8 candidate" in message and "loss curve outside" in message
+    assert finish.campaign_result(c)["gate_rejected"][0]["levers"] == float8
+
+
+def test_without_an_exact_candidate_the_refusal_keeps_the_baseline(campaign):
+    c = campaign
+    float8 = c.recipe.layout().levers() | {F8: "rowwise"}
+    record_trial(c, "trial", float8, _ok(c.recipe, float8, 6500.0))
+    c.state.gate = dict(REFUSED)
+    assert not fall_back(c)
+    assert c.state.incumbent_record.levers == float8 and not c.state.rejected
+    assert "gate failed" in finish.final_message(c) and "kept the baseline" in finish.final_message(c)
+
+
+def test_the_trajectory_scores_what_stopping_there_would_ship(campaign):
+    c = campaign
+    base = c.recipe.layout().levers()
+    exact = base | {"compile.enable": True}
+    float8 = exact | {F8: "rowwise"}
+    record_trial(c, "trial", exact, _ok(c.recipe, exact, 5600.0))
+    record_trial(c, "trial", float8, _ok(c.recipe, float8, 6500.0))
+    points = incumbent_trajectory(c.state)
+    assert [levers for _, levers in points][-3:] == [base, exact, float8]
+    # not gated yet: the float8 incumbent counts as refused, so stopping there ships the exact one
+    unjudged = GateJudge(c.recipe, base, c.state, None).would_ship(points)
+    assert [levers for _, levers in unjudged][-2:] == [exact, exact]
+    # the gate passed it: it ships
+    c.state.incumbent = len(c.state.trials) - 1
+    passed = GateJudge(c.recipe, base, c.state, {"passed": True}).would_ship(points)
+    assert passed[-1][1] == float8
+    # an exact-tier layout is judged by the config check alone: it passes, it is no numerics change
+    assert GateJudge(c.recipe, base, c.state, None).verdict(exact) == (True, False)

@@ -3,8 +3,8 @@
     recipe ──► baseline (k replicates) ──► noise band
        loop: plan ONE lever move ──► trial ──► diagnose        while budget and moves are left
     confirm incumbent (replicates) ──► correctness gate ──► ship, or keep the baseline and say why
-                     ▲                        │ refused a numerics change (float8)
-                     └── best candidate without one
+                     ▲                        │ refused (once)
+                     └── best measured layout the config check passes without a numerics change
 """
 
 from __future__ import annotations
@@ -141,8 +141,8 @@ def tune_campaign(recipe_path: str, budget_gpu_hours: float, stack: str = "sim",
     c.save()
 
     # confirm the incumbent with replicates, accept its gain only if it is real, then the
-    # correctness gate decides what ships; a refused float8 candidate falls back on the best one
-    # without a numerics change, which is confirmed and gated in turn
+    # correctness gate decides what ships; a refused candidate falls back (once) on the best measured
+    # layout the config check passes without a numerics change, which is confirmed and gated in turn
     while True:
         if c.state.phase == "confirm":
             for levers in engine.confirm_plan(c):
@@ -156,7 +156,7 @@ def tune_campaign(recipe_path: str, budget_gpu_hours: float, stack: str = "sim",
             correctness_gate(quote(c))
         if not engine.fall_back(c):
             break
-        _progress(c, "the gate refused the numerics change; falling back on the best candidate without one")
+        _progress(c, "the gate refused the candidate; falling back on the best measured layout it can pass")
     recipe_out = ship(quote(c), out, store)
     result = finish.campaign_result(c)
     update_lessons(quote(c))

@@ -1,12 +1,12 @@
-"""A float8 candidate the gate refuses falls back on the best candidate without a numerics change,
-and the benchmark scores every point of a campaign at what stopping there would ship."""
+"""A candidate the gate refuses (here: float8 whose curves left the band) falls back, once, on the best
+measured layout the config check passes without a numerics change, and the benchmark scores every
+point of a campaign at what stopping there would ship."""
 
 from __future__ import annotations
 
 import pytest
 
-from attune.bench.cell import GateJudge
-from attune.bench.trajectory import incumbent_trajectory
+from attune.bench.trajectory import GateJudge, incumbent_trajectory, shipped_trajectory
 from attune.campaign import finish
 from attune.campaign.engine import CampaignSettings, fall_back, open_campaign, record_trial
 from attune.recipe import load_recipe
@@ -56,7 +56,7 @@ def test_a_refused_float8_incumbent_falls_back_on_the_best_exact_one(campaign):
     record_trial(c, "trial", exact, _ok(c.recipe, exact, 5600.0))
     float8 = exact | {F8: "rowwise"}
     record_trial(c, "trial", float8, _ok(c.recipe, float8, 6500.0))
-    assert c.state.incumbent_record.levers == float8 and c.state.trials[c.state.fallback].levers == exact
+    assert c.state.incumbent_record.levers == float8
     c.state.gate, c.state.phase = dict(REFUSED), "gate"
     assert fall_back(c)
     assert c.state.incumbent_record.levers == exact and c.state.phase == "confirm" and c.state.gate is None
@@ -65,7 +65,7 @@ def test_a_refused_float8_incumbent_falls_back_on_the_best_exact_one(campaign):
     c.state.gate = {"passed": True}
     assert not fall_back(c)
     message = finish.final_message(c)
-    assert "refused the float8 candidate" in message and "loss curve outside" in message
+    assert "refused the best candidate" in message and "loss curve outside" in message
     assert finish.campaign_result(c)["gate_rejected"][0]["levers"] == float8
 
 
@@ -79,6 +79,20 @@ def test_without_an_exact_candidate_the_refusal_keeps_the_baseline(campaign):
     assert "gate failed" in finish.final_message(c) and "kept the baseline" in finish.final_message(c)
 
 
+def test_a_refusal_falls_back_on_the_best_exact_layout_measured_even_if_never_the_incumbent(campaign):
+    """A planner that went for float8 first (estimator-topk does) still falls back on the best
+    layout without a numerics change it measured, when that one beat the baseline."""
+    c = campaign
+    base = c.recipe.layout().levers()
+    float8 = base | {F8: "rowwise"}
+    exact = base | {"compile.enable": True}
+    record_trial(c, "trial", float8, _ok(c.recipe, float8, 6500.0))
+    record_trial(c, "trial", exact, _ok(c.recipe, exact, 5600.0))      # never the incumbent: 6500 is ahead
+    assert c.state.incumbent_record.levers == float8
+    c.state.gate = dict(REFUSED)
+    assert fall_back(c) and c.state.incumbent_record.levers == exact
+
+
 def test_the_trajectory_scores_what_stopping_there_would_ship(campaign):
     c = campaign
     base = c.recipe.layout().levers()
@@ -89,11 +103,23 @@ def test_the_trajectory_scores_what_stopping_there_would_ship(campaign):
     points = incumbent_trajectory(c.state)
     assert [levers for _, levers in points][-3:] == [base, exact, float8]
     # not gated yet: the float8 incumbent counts as refused, so stopping there ships the exact one
-    unjudged = GateJudge(c.recipe, base, c.state, None).would_ship(points)
-    assert [levers for _, levers in unjudged][-2:] == [exact, exact]
+    assert [levers for _, levers in shipped_trajectory(c.state, c.recipe)][-2:] == [exact, exact]
     # the gate passed it: it ships
-    c.state.incumbent = len(c.state.trials) - 1
-    passed = GateJudge(c.recipe, base, c.state, {"passed": True}).would_ship(points)
-    assert passed[-1][1] == float8
+    c.state.gate = {"passed": True}
+    assert shipped_trajectory(c.state, c.recipe)[-1][1] == float8
     # an exact-tier layout is judged by the config check alone: it passes, it is no numerics change
-    assert GateJudge(c.recipe, base, c.state, None).verdict(exact) == (True, False)
+    assert GateJudge(c.recipe, c.state).verdict(exact) == (True, False)
+
+
+def test_a_known_defect_refusal_falls_back_too(campaign):
+    c = campaign
+    base = c.recipe.layout().levers()
+    exact = base | {"compile.enable": True}
+    record_trial(c, "trial", exact, _ok(c.recipe, exact, 5600.0))
+    defective = exact | {"parallelism.tensor_parallel_degree": 2, F8: "rowwise"}    # torchtitan#3109
+    record_trial(c, "trial", defective, _ok(c.recipe, defective, 6800.0))
+    assert c.state.incumbent_record.levers == defective
+    c.state.gate = {"passed": False, "config": {"violations": [], "defects": [{"id": "TT-3109"}]}}
+    assert fall_back(c) and c.state.incumbent_record.levers == exact
+    c.state.gate = {"passed": False, "config": {"violations": [], "defects": []}, "convergence": {"passed": False}}
+    assert not fall_back(c)            # once per campaign: the fallback's own refusal stands

@@ -100,7 +100,7 @@ def _drop_campaign_evidence() -> None:
 def score_campaign(cell, result: dict[str, Any]) -> dict[str, Any]:
     """The campaign's result plus its ground-truth score and its incumbent trajectory (each point
     the ground-truth gain of what the campaign would ship if it stopped there)."""
-    from attune.bench.trajectory import incumbent_trajectory
+    from attune.bench.trajectory import shipped_trajectory
     from attune.bench.truth import truth_tps
     from attune.campaign.state import CampaignState
     from flows.campaign import load_campaign_recipe
@@ -119,8 +119,7 @@ def score_campaign(cell, result: dict[str, Any]) -> dict[str, Any]:
 
     gate = result.get("gate") or None
     base = tps(baseline_levers)
-    judge = GateJudge(recipe, baseline_levers, state, gate)
-    trajectory = [[h, tps(levers) / base - 1.0] for h, levers in judge.would_ship(incumbent_trajectory(state))]
+    trajectory = [[h, tps(levers) / base - 1.0] for h, levers in shipped_trajectory(state, recipe)]
     shipped = tps(shipped_levers)
     # what the search settled on, before the gate (and before any fallback from a refused float8 candidate)
     searched = tps(state.rejected[0]["levers"] if state.rejected else state.incumbent_record.levers)
@@ -133,47 +132,3 @@ def score_campaign(cell, result: dict[str, Any]) -> dict[str, Any]:
             "gate_passed": (bool(gate.get("passed")) if gate else None), "stop_reason": result["stop_reason"],
             "gate_runs": len(state.rejected) + (1 if gate else 0), "fell_back": bool(state.rejected),
             "shipped_levers": shipped_levers, "campaign_id": result["campaign_id"]}
-
-
-class GateJudge:
-    """Would the campaign ship this incumbent if it stopped now? The trajectory scores each point at
-    what stopping there would ship. An incumbent the gate passed ships; a float8 one the gate refused
-    falls back on the best incumbent without a numerics change before it (attune.campaign.engine.
-    fall_back); anything else ships the baseline. The real verdicts are known for the candidates the
-    campaign gated; any other incumbent is judged by the gate's public config check (objective fields,
-    known defects), and a numerics-tier (float8) one counts as refused: only the proxy's convergence
-    check could pass it, and the campaign ran it on its final candidates alone."""
-
-    def __init__(self, recipe, baseline_levers: dict, state, gate: dict | None):
-        self.recipe, self.baseline = recipe, baseline_levers
-        self.known = {self._key(r["levers"]): False for r in state.rejected}
-        if gate is not None:
-            self.known[self._key(state.incumbent_record.levers)] = bool(gate.get("passed"))
-        self._tier: dict[tuple, tuple[bool, bool]] = {}
-
-    @staticmethod
-    def _key(levers: dict) -> tuple:
-        return tuple(sorted(levers.items()))
-
-    def verdict(self, levers: dict) -> tuple[bool, bool]:
-        """(passes the gate, is in the numerics tier)."""
-        from attune.campaign.tier import gate_verdict
-
-        key = self._key(levers)
-        if key not in self._tier:
-            self._tier[key] = gate_verdict(self.recipe, levers) if levers != self.baseline else (True, False)
-        passes, numerics = self._tier[key]
-        if key in self.known:
-            passes = self.known[key]
-        elif numerics:
-            passes = False
-        return passes, numerics
-
-    def would_ship(self, points: list[tuple[float, dict]]) -> list[tuple[float, dict]]:
-        out, fallback = [], self.baseline
-        for hours, levers in points:
-            passes, numerics = self.verdict(levers)
-            if not numerics:
-                fallback = levers if passes else self.baseline
-            out.append((hours, levers if passes else fallback if numerics else self.baseline))
-        return out

@@ -1,23 +1,29 @@
-"""The incumbent over a campaign's GPU-hours, replayed from its persisted trials.
+"""What a campaign would have shipped had it stopped after each trial, replayed from its trials.
 
-The campaign does not store its incumbent's history, only every trial in order; the rule that
-made a trial the incumbent (attune.campaign.engine.beats_incumbent) is applied here to the same
-records in the same order.
+The campaign does not store its incumbent's history, only every trial in order. The rules are the
+campaign's own, applied to the same records in the same order: a trial becomes the incumbent by
+attune.campaign.engine.beats_incumbent; stopping ships the incumbent if the gate passes it, and a
+refused incumbent falls back on attune.campaign.engine.best_exact. The gate's real verdicts
+are known for the candidates the campaign gated; any other incumbent is judged by the gate's public
+config check (objective fields, known defects), and a numerics-tier (float8) one counts as refused:
+only the proxy's convergence check could pass it, and the campaign ran it on its final candidates.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from attune.campaign.engine import beats_incumbent
+from attune.campaign.engine import beats_incumbent, best_exact
 from attune.campaign.state import CampaignState
+from attune.campaign.tier import gate_verdict
+from attune.recipe import Recipe
 
 
-def incumbent_trajectory(state: CampaignState) -> list[tuple[float, dict[str, Any]]]:
-    """[(GPU-hours charged after trial i, levers of the incumbent then), ...] for every trial."""
+def _incumbents(state: CampaignState):
+    """(i, GPU-hours charged after trial i, levers of the incumbent then) for every trial from the
+    first successful baseline run on."""
     spent = 0.0
     incumbent: dict[str, Any] | None = None
-    out: list[tuple[float, dict[str, Any]]] = []
     for i, record in enumerate(state.trials):
         spent += record.result.gpu_hours
         if record.role == "baseline" and incumbent is None and record.result.ok:
@@ -26,5 +32,52 @@ def incumbent_trajectory(state: CampaignState) -> list[tuple[float, dict[str, An
               and beats_incumbent(state.trials[: i + 1], record.levers, incumbent, state.noise_rel_sd)):
             incumbent = record.levers
         if incumbent is not None:
-            out.append((spent, incumbent))
+            yield i, spent, incumbent
+
+
+def incumbent_trajectory(state: CampaignState) -> list[tuple[float, dict[str, Any]]]:
+    """[(GPU-hours charged after trial i, levers of the incumbent then), ...]."""
+    return [(spent, incumbent) for _, spent, incumbent in _incumbents(state)]
+
+
+class GateJudge:
+    """The gate's verdict on a layout as the campaign knew it or would have learnt it."""
+
+    def __init__(self, recipe: Recipe, state: CampaignState):
+        self.recipe = recipe
+        self.known = {_key(r["levers"]): False for r in state.rejected}
+        if state.gate is not None and state.incumbent_record is not None:
+            self.known[_key(state.incumbent_record.levers)] = bool(state.gate.get("passed"))
+        self._memo: dict[tuple, tuple[bool, bool]] = {}
+
+    def verdict(self, levers: dict[str, Any]) -> tuple[bool, bool]:
+        """(the gate passes it, it is in the numerics tier)."""
+        key = _key(levers)
+        if key not in self._memo:
+            self._memo[key] = gate_verdict(self.recipe, levers)
+        passes, numerics = self._memo[key]
+        if key in self.known:
+            passes = self.known[key]
+        elif numerics:
+            passes = False
+        return passes, numerics
+
+
+def shipped_trajectory(state: CampaignState, recipe: Recipe) -> list[tuple[float, dict[str, Any]]]:
+    """[(GPU-hours charged after trial i, levers a stop there would ship), ...]."""
+    judge = GateJudge(recipe, state)
+    baseline = next(t.levers for t in state.trials if t.role == "baseline")
+    out = []
+    for i, spent, incumbent in _incumbents(state):
+        passes, _ = judge.verdict(incumbent)
+        ships = incumbent if passes or incumbent == baseline else baseline
+        if not passes:
+            fallback = best_exact(state.trials[: i + 1], recipe, state.noise_rel_sd)
+            if fallback is not None and judge.verdict(fallback)[0]:
+                ships = fallback
+        out.append((spent, ships))
     return out
+
+
+def _key(levers: dict[str, Any]) -> tuple:
+    return tuple(sorted(levers.items()))

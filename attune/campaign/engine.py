@@ -17,7 +17,7 @@ from attune.campaign.budget import Budget, gpu_hours
 from attune.campaign.diagnosis import diagnose
 from attune.campaign.noise import MIN_RELATIVE_SD, clears_band, gain_is_real, relative_sd, search_band
 from attune.campaign.state import CampaignState, PendingTrial, Role, TrialRecord, attune_home, campaign_id
-from attune.campaign.tier import numerics_tier
+from attune.campaign.tier import gate_verdict
 from attune.errors import InputError
 from attune.planners.base import Observation, PlannerView, Proposal
 from attune.planners.registry import make_planner
@@ -190,7 +190,6 @@ def _after_baseline(c: Campaign) -> None:
     ok = [t for t in c.state.of_role("baseline") if t.result.ok]
     if ok:
         c.state.incumbent = c.state.incumbent if c.state.incumbent is not None else ok[0].index
-        c.state.fallback = c.state.fallback if c.state.fallback is not None else ok[0].index
         c.state.noise_rel_sd = relative_sd([t.tps for t in ok])
         c.state.noise_band = search_band(c.state.noise_rel_sd)
 
@@ -207,8 +206,6 @@ def _maybe_new_incumbent(c: Campaign, record: TrialRecord) -> None:
     if record.result.ok and incumbent is not None and record.levers != incumbent.levers:
         if beats_incumbent(c.state.trials[: record.index + 1], record.levers, incumbent.levers, c.state.noise_rel_sd):
             c.state.incumbent = record.index
-            if not numerics_tier(c.recipe, record.levers):
-                c.state.fallback = record.index
 
 
 def beats_incumbent(trials: list[TrialRecord], candidate: dict[str, Any], incumbent: dict[str, Any],
@@ -263,21 +260,40 @@ def confirm_plan(c: Campaign) -> list[dict[str, Any]]:
 
 
 def fall_back(c: Campaign) -> bool:
-    """The gate refused a numerics-tier incumbent (float8: its proxy curves left the band): make
-    the best incumbent without a numerics change the candidate instead, to be confirmed and gated
-    in turn. False when there is none better than the baseline or it was the one refused."""
+    """The gate refused the incumbent (a known defect, an objective change, or float8 curves that left
+    the band): make the best measured layout the config check passes without a numerics change the
+    candidate instead, to be confirmed and gated in turn. Once per campaign; False when no such
+    layout beat the baseline."""
     incumbent, gate = c.state.incumbent_record, c.state.gate
-    if incumbent is None or incumbent.role == "baseline" or gate is None or gate.get("passed"):
+    if incumbent is None or incumbent.role == "baseline" or gate is None or gate.get("passed") or c.state.rejected:
         return False
-    fallback = c.state.trials[c.state.fallback] if c.state.fallback is not None else None
-    if fallback is None or fallback.role == "baseline" or not numerics_tier(c.recipe, incumbent.levers):
+    fallback = best_exact(c.state.trials, c.recipe, c.state.noise_rel_sd)
+    if fallback is None or fallback == incumbent.levers:
         return False   # the refusal stands: the baseline is kept
     c.state.rejected.append({"levers": incumbent.levers, "gate": gate})
     c.state.gate = None
-    c.state.incumbent = fallback.index
+    c.state.incumbent = next(t.index for t in c.state.trials if t.levers == fallback)
     c.state.phase = "confirm"
     c.save()
     return True
+
+
+def best_exact(trials: list[TrialRecord], recipe: Recipe, rel_sd: float | None) -> dict[str, Any] | None:
+    """The measured layout with the best mean throughput that the gate's config check passes with
+    no numerics change and that beat the baseline by more than the noise (None if there is none):
+    what a campaign falls back on when the gate refuses its candidate. Every planner gets it,
+    whichever path its search took (also replayed by attune.bench.trajectory)."""
+    baseline = next((t.levers for t in trials if t.role == "baseline"), None)
+    means: dict[tuple, list[float]] = {}
+    for t in trials:
+        if t.result.ok and t.levers != baseline:
+            means.setdefault(tuple(sorted(t.levers.items())), []).append(t.tps)
+    for key in sorted(means, key=lambda k: -sum(means[k]) / len(means[k])):
+        levers = dict(key)
+        passes, numerics = gate_verdict(recipe, levers)
+        if passes and not numerics and beats_incumbent(trials, levers, baseline, rel_sd):
+            return levers
+    return None
 
 
 def settle_incumbent(c: Campaign) -> tuple[bool, float]:

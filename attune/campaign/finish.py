@@ -65,8 +65,9 @@ def ship(c: Campaign, out_path: Path | None) -> Path | None:
 def final_message(c: Campaign) -> str:
     search = c.state.stop_reason or "finished"
     if c.state.rejected:
-        search += (f"; the gate refused the float8 candidate ({_why(c.state.rejected[-1]['gate'])}), "
-                   f"so the best candidate without a numerics change was confirmed and gated instead")
+        search += (f"; the gate refused the best candidate ({_why(c.state.rejected[-1]['gate'])}), "
+                   f"so the best one the config check passes without a numerics change was confirmed and "
+                   f"gated instead")
     if c.state.shipped:
         return f"{search}; shipped {c.state.recipe_out}"
     gate = c.state.gate

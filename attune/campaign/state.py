@@ -64,8 +64,6 @@ class CampaignState(BaseModel):
     trials: list[TrialRecord] = []
     phase: Phase = "baseline"
     incumbent: int | None = None
-    fallback: int | None = None             # the best incumbent without a numerics change (float8):
-                                            # what ships if the gate refuses a numerics-tier incumbent
     rejected: list[dict[str, Any]] = []     # numerics-tier incumbents the gate refused: levers, report
     noise_rel_sd: float | None = None
     noise_band: float | None = None

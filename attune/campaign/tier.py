@@ -1,7 +1,7 @@
 """What the gate's public config check says of a layout, before any training: whether it passes
 (no objective change, no known stack defect) and whether it changes numerics (float8: the
 convergence check on the proxy then decides). Planners use it to skip trials that could never
-ship; the campaign uses it to know which candidates can fall back on which."""
+ship; the campaign uses it to choose what to fall back on when the gate refuses a candidate."""
 
 from __future__ import annotations
 
@@ -17,7 +17,3 @@ def gate_verdict(recipe: Recipe, levers: dict[str, Any]) -> tuple[bool, bool]:
 
     verdict = check_config(recipe, recipe.with_config(config_for(recipe, levers)))
     return verdict.passed, bool(verdict.numerics_change)
-
-
-def numerics_tier(recipe: Recipe, levers: dict[str, Any]) -> bool:
-    return gate_verdict(recipe, levers)[1]

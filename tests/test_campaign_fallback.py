@@ -116,7 +116,8 @@ def test_a_known_defect_refusal_falls_back_too(campaign):
     base = c.recipe.layout().levers()
     exact = base | {"compile.enable": True}
     record_trial(c, "trial", exact, _ok(c.recipe, exact, 5600.0))
-    defective = exact | {"parallelism.tensor_parallel_degree": 2, F8: "rowwise"}    # torchtitan#3109
+    defective = exact | {"parallelism.tensor_parallel_degree": 2, "parallelism.data_parallel_shard_degree": 32,
+                         F8: "rowwise"}    # torchtitan#3109
     record_trial(c, "trial", defective, _ok(c.recipe, defective, 6800.0))
     assert c.state.incumbent_record.levers == defective
     c.state.gate = {"passed": False, "config": {"violations": [], "defects": [{"id": "TT-3109"}]}}

@@ -31,6 +31,23 @@ config = "llama3_8b"
 "activation_checkpoint.mode" = "selective"
 """
 
+# The same Llama-3.1-8B recipe on 64 H100s: float8 runs there (A100s have none)
+RECIPE_8B_H100 = """
+name = "llama3_8b-h100"
+model = "llama3.1-8b"
+[cluster]
+accelerator = "h100"
+gpus = 64
+[stack]
+torch = "2.13.0"
+torchtitan = "0.3.0"
+[config]
+"training.local_batch_size" = 2
+"training.seq_len" = 8192
+"optimizer.lr" = 3e-4
+"activation_checkpoint.mode" = "selective"
+"""
+
 
 @pytest.fixture
 def write_recipe(tmp_path):

@@ -5,6 +5,7 @@ point of a campaign at what stopping there would ship."""
 from __future__ import annotations
 
 import pytest
+from conftest import RECIPE_8B_H100
 
 from attune.bench.trajectory import GateJudge, incumbent_trajectory, shipped_trajectory
 from attune.campaign import finish
@@ -16,22 +17,6 @@ F8 = "quantize.float8"
 REFUSED = {"passed": False, "config": {"violations": [], "defects": []},
            "convergence": {"passed": False, "reason": "loss curve outside the baseline band"}}
 
-RECIPE = """
-name = "llama3_8b-h100"
-model = "llama3.1-8b"
-[cluster]
-accelerator = "h100"
-gpus = 64
-[stack]
-torch = "2.13.0"
-torchtitan = "0.3.0"
-[config]
-"training.local_batch_size" = 2
-"training.seq_len" = 8192
-"optimizer.lr" = 3e-4
-"activation_checkpoint.mode" = "selective"
-"""
-
 
 def _ok(recipe, levers, tps):
     return TrialResult(status=TrialStatus.OK, stack="sim", levers=levers, gpus=recipe.cluster.gpus, wall_time_s=3600,
@@ -41,7 +26,7 @@ def _ok(recipe, levers, tps):
 @pytest.fixture
 def campaign(write_recipe, tmp_path, monkeypatch):
     monkeypatch.setenv("ATTUNE_HOME", str(tmp_path))
-    recipe = load_recipe(write_recipe(RECIPE))
+    recipe = load_recipe(write_recipe(RECIPE_8B_H100))
     c = open_campaign(recipe, CampaignSettings(budget_gpu_hours=500), home=tmp_path)
     base = recipe.layout().levers()
     for tps in (5000.0, 5050.0, 4950.0):

@@ -4,6 +4,7 @@ the noise band decides the incumbent."""
 from __future__ import annotations
 
 import pytest
+from conftest import RECIPE_8B_H100
 
 from attune.campaign.engine import CampaignSettings, open_campaign, record_trial
 from attune.planners.base import Observation, PlannerView
@@ -101,23 +102,6 @@ def test_a_near_miss_the_estimator_expected_to_clear_is_measured_once_more(write
     assert moved_on is None or not moved_on.rationale.startswith("rule recheck")   # a loss is not rechecked
 
 
-H100_8B = """
-name = "llama3_8b-h100"
-model = "llama3.1-8b"
-[cluster]
-accelerator = "h100"
-gpus = 64
-[stack]
-torch = "2.13.0"
-torchtitan = "0.3.0"
-[config]
-"training.local_batch_size" = 2
-"training.seq_len" = 8192
-"optimizer.lr" = 3e-4
-"activation_checkpoint.mode" = "selective"
-"""
-
-
 def _best_exact_layout(recipe):
     from attune.campaign.tier import gate_verdict
     from attune.planners.estimates import rank_layouts
@@ -132,7 +116,7 @@ def _best_exact_layout(recipe):
 
 def test_float8_is_tried_only_after_the_walk_without_it_has_converged(write_recipe, tmp_path, monkeypatch):
     monkeypatch.setenv("ATTUNE_HOME", str(tmp_path))
-    recipe = load_recipe(write_recipe(H100_8B))
+    recipe = load_recipe(write_recipe(RECIPE_8B_H100))
     base = recipe.layout().levers()
     history = [Observation(levers=base, result=_result(recipe, base))]
     early = LessonGuidedPlanner().propose(_view(recipe, history, base))

@@ -14,6 +14,7 @@ change: today the proxy rejects every float8 change, so float8 layouts cannot sh
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -59,6 +60,11 @@ def main() -> int:
                               "--gate-cache", str(out / "gate-cache")], out / "run")
     print(f"## The campaign on the public recipes (simulated; {a.seeds} seeds, {seconds:.0f} s)\n")
     print(table(payload))
+    print("\nWhy each campaign stopped (seed 0):")
+    cells = json.loads((out / "run" / "cells.json").read_text())
+    for cell in cells:
+        if cell["seed"] == 0:
+            print(f"- {cell['recipe']}: {(cell.get('stop_reason') or cell.get('error') or '')[:400]}")
     return 0
 
 

@@ -112,6 +112,9 @@ def tune_campaign(recipe_path: str, budget_gpu_hours: float, stack: str = "sim",
     tracker = Tracker(mlflow_uri)
     c.state.mlflow_run_id = tracker.campaign_run(c.state, _tags(c))
     c.save()
+    for hit in finish.baseline_defects(c):
+        _progress(c, f"warning: the recipe as given matches known defect {hit['id']} ({hit['source']}); "
+                     f"layouts that keep it cannot ship")
 
     # baseline replicates -> noise band
     baseline = recipe.layout().levers()

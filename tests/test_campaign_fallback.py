@@ -109,3 +109,14 @@ def test_a_known_defect_refusal_falls_back_too(campaign):
     assert fall_back(c) and c.state.incumbent_record.levers == exact
     c.state.gate = {"passed": False, "config": {"violations": [], "defects": []}, "convergence": {"passed": False}}
     assert not fall_back(c)            # once per campaign: the fallback's own refusal stands
+
+
+def test_a_recipe_that_already_matches_a_known_defect_is_named(write_recipe, tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTUNE_HOME", str(tmp_path))
+    text = RECIPE_8B_H100.replace('"optimizer.lr" = 3e-4', '"optimizer.lr" = 3e-4\n"quantize.float8" = "rowwise"\n'
+                                  '"parallelism.tensor_parallel_degree" = 2')
+    recipe = load_recipe(write_recipe(text))
+    c = open_campaign(recipe, CampaignSettings(budget_gpu_hours=500), home=tmp_path)
+    record_trial(c, "baseline", recipe.layout().levers(), _ok(recipe, recipe.layout().levers(), 5000.0))
+    assert [h["id"] for h in finish.baseline_defects(c)] == ["TT-3109"]
+    assert "matches known defect(s) TT-3109" in finish.final_message(c)

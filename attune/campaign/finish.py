@@ -62,8 +62,20 @@ def ship(c: Campaign, out_path: Path | None) -> Path | None:
     return path
 
 
+def baseline_defects(c: Campaign) -> list[dict[str, str]]:
+    """Known stack defects the recipe as given already matches: a campaign cannot fix what the gate
+    compares against, so it says so (every faster layout that keeps the defect is refused)."""
+    from gate.defects import match
+
+    return [{"id": hit.id, "source": hit.source} for hit in match(c.recipe)]
+
+
 def final_message(c: Campaign) -> str:
     search = c.state.stop_reason or "finished"
+    hits = baseline_defects(c)
+    if hits:
+        search += ("; note: the recipe as given matches known defect(s) "
+                   + ", ".join(f"{h['id']} ({h['source']})" for h in hits))
     if c.state.rejected:
         search += (f"; the gate refused the best candidate ({_why(c.state.rejected[-1]['gate'])}), "
                    f"so the best one the config check passes without a numerics change was confirmed and "
@@ -107,6 +119,7 @@ def campaign_result(c: Campaign) -> dict[str, Any]:
         "gpu_hours_used": s.budget.spent_gpu_hours, "budget_gpu_hours": s.budget.total_gpu_hours,
         "trials": len(s.trials), "stop_reason": final_message(c), "gate": s.gate, "shipped": s.shipped,
         "gate_rejected": [{"levers": r["levers"], "reason": _why(r["gate"])} for r in s.rejected],
+        "baseline_defects": baseline_defects(c),
         "payback_hours": payback_hours(s.budget.spent_gpu_hours, gain, c.recipe.cluster.gpus) if s.shipped else None,
         "mlflow_run_id": s.mlflow_run_id, "recipe_out": s.recipe_out, "campaign_dir": str(c.directory),
     }

@@ -83,6 +83,7 @@ class LessonGuidedPlanner:
     _goal: dict[str, Scalar] | None = None
     _goal_done: bool = False
     _numerics_open: bool = False    # exact-first: numerics-tier moves allowed from now on
+    _too_dear: int = 0              # moves predicted to gain that the budget could not pay (last ranking)
 
     def propose(self, view: PlannerView) -> Proposal | None:
         recipe = view.recipe
@@ -124,15 +125,21 @@ class LessonGuidedPlanner:
     def _worthwhile(self, view: PlannerView, incumbent: Layout, symptoms: set[str], tried: list,
                     floor: float) -> list[Candidate]:
         """Candidates predicted to gain more than `floor`; if none, stop_reason says why."""
+        self._too_dear = 0
         candidates = self._candidates(view, incumbent, symptoms, tried)
-        if not candidates:
+        worthwhile = [c for c in candidates if c.score > floor]
+        if worthwhile:
+            return worthwhile
+        if self._too_dear:
+            self.stop_reason = (f"budget spent: {self._too_dear} untried one-lever move(s) predicted to gain cost "
+                                f"more than the {view.budget_left_gpu_hours:.1f} GPU-hours left can pay with "
+                                f"their confirmation")
+        elif not candidates:
             self.stop_reason = "no moves left: every valid one-lever move from the incumbent was measured"
-            return []
-        candidates = [c for c in candidates if c.score > floor]
-        if not candidates:
+        else:
             self.stop_reason = (f"converged: no untried one-lever move is predicted to gain more than "
                                 f"{floor:.1%} over the incumbent")
-        return candidates
+        return []
 
     def _credit_goal(self, view: PlannerView, incumbent: Layout, candidates: list[Candidate]) -> None:
         """Credit each improving candidate with GOAL_WEIGHT x the goal's predicted gain over the
@@ -298,6 +305,7 @@ class LessonGuidedPlanner:
             return None
         pred, levers, levers_move, note = best
         if view.affordable is not None and not view.affordable(levers):
+            self._too_dear += pred.tokens_per_sec_per_gpu > base_tps   # only moves that would have been worth it
             return None   # the budget cannot pay for it: proposing it would end the search
         cost = view.trial_cost_gpu_hours(levers) if view.trial_cost_gpu_hours else pred.step_time_s
         return Candidate(levers=levers, move=levers_move, predicted_gain=pred.tokens_per_sec_per_gpu / base_tps - 1,

@@ -3,6 +3,8 @@ the noise band decides the incumbent."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from conftest import RECIPE_8B_H100
 
@@ -129,3 +131,22 @@ def test_float8_is_tried_only_after_the_walk_without_it_has_converged(write_reci
     late = LessonGuidedPlanner().propose(view)
     assert late is not None and late.levers["quantize.float8"] != "none"
     assert {k for k, v in late.levers.items() if top[k] != v} >= {"quantize.float8"}
+
+
+def test_a_walk_stuck_short_of_the_goal_jumps_to_it(tmp_path, monkeypatch):
+    """Llama-3.1-70B on 64 A100s: from TP 2 with micro-batch 1 no single lever helps (TP 1 alone does
+    not fit), but the estimator's goal, TP 1 with CP 2, is predicted better: measure it as it is."""
+    from attune.recipe import load_recipe as load
+
+    monkeypatch.setenv("ATTUNE_HOME", str(tmp_path))
+    recipe = load(Path(__file__).resolve().parent.parent / "recipes" / "public" / "llama3_70b.toml")
+    stuck = recipe.layout().levers() | {"parallelism.tensor_parallel_degree": 2,
+                                         "parallelism.data_parallel_shard_degree": 32,
+                                         "training.local_batch_size": 1, AC: "selective", "compile.enable": True}
+    history = [Observation(levers=recipe.layout().levers(), result=_result(recipe, recipe.layout().levers())),
+               Observation(levers=stuck, result=_result(recipe, stuck, tps=6000.0))]
+    view = PlannerView(recipe=recipe, domains=lever_domains(recipe), history=history, incumbent=stuck,
+                       incumbent_tps=6000.0, noise_band=0.02, budget_left_gpu_hours=100.0)
+    jump = LessonGuidedPlanner().propose(view)
+    assert jump is not None and jump.rationale.startswith("rule goal-jump") and len(jump.move) >= 2
+    assert LessonGuidedPlanner(disabled=frozenset({"goal-jump"})).propose(view) is None

@@ -16,6 +16,9 @@ Search rules (each can be switched off for ablations, see RULES):
                    among the moves predicted to improve, one that brings levers in line with the
                    goal is credited with a share of the goal's remaining predicted gain, so the
                    one-lever walk heads for the estimator's optimum instead of the nearest hill
+  goal-jump        when no one-lever move is left worth a trial (in either tier), the estimator's
+                   goal is measured as it is if it is predicted better than the incumbent: a local
+                   optimum of one-lever moves (TP down needs CP up to fit) is left in one step
   recheck          a trial the estimator predicted to clear the noise band that measured a gain
                    inside it is measured once more before it is judged: one noisy run should not
                    send the walk down another path (the incumbent rule compares means, so two
@@ -43,7 +46,7 @@ from attune.space import config_for
 from lessons.catalog import Lesson, load_lessons, match
 
 RULES = ("oom-recompute", "estimator-fit", "no-repeat", "cheaper-ties", "lessons", "gate-safe", "exact-first",
-         "estimator-goal", "recheck")
+         "estimator-goal", "goal-jump", "recheck")
 TIE = 0.005            # predicted gains closer than this are a tie
 LESSON_WEIGHT = 0.5    # how much a matching lesson's prior adds to the estimator's predicted gain
 GOAL_WEIGHT = 0.5      # share of the goal's remaining predicted gain credited per lever brought in line
@@ -105,7 +108,7 @@ class LessonGuidedPlanner:
             self._numerics_open = True   # the exact-tier walk has converged: now float8 may be tried
             candidates = self._worthwhile(view, incumbent, symptoms, tried, floor)
         if not candidates:
-            return None
+            return self._goal_jump(view, incumbent, tried, floor) if "goal-jump" not in self.disabled else None
         if "estimator-goal" not in self.disabled and not self._numerics_open:
             self._credit_goal(view, incumbent, candidates)
         best_rank = max(c.rank for c in candidates)
@@ -135,11 +138,30 @@ class LessonGuidedPlanner:
                                 f"more than the {view.budget_left_gpu_hours:.1f} GPU-hours left can pay with "
                                 f"their confirmation")
         elif not candidates:
-            self.stop_reason = "no moves left: every valid one-lever move from the incumbent was measured"
+            self.stop_reason = ("no moves left: every one-lever move from the incumbent was measured, is "
+                                "predicted not to fit, or is one the gate would refuse")
         else:
             self.stop_reason = (f"converged: no untried one-lever move is predicted to gain more than "
                                 f"{floor:.1%} over the incumbent")
         return []
+
+    def _goal_jump(self, view: PlannerView, incumbent: Layout, tried: list, floor: float) -> Proposal | None:
+        """Stuck: no one-lever move is left worth a trial, yet the estimator's goal (its best layout
+        the gate rules allow) is predicted better by more than `floor`. It is often two levers away
+        (TP down and CP up: neither fits alone), so it is measured as it is, once."""
+        goal = self._goal_levers(view)
+        if goal is None or goal in tried or goal == view.incumbent:
+            return None
+        recipe = view.recipe
+        there = predict(recipe, resolve_layout(config_for(recipe, goal), recipe.architecture, recipe.cluster))
+        gain = there.tokens_per_sec_per_gpu / predict(recipe, incumbent).tokens_per_sec_per_gpu - 1
+        if gain <= floor or (view.affordable is not None and not view.affordable(goal)):
+            return None
+        moved = {k: v for k, v in goal.items() if incumbent.levers()[k] != v}
+        return Proposal(levers=dict(goal), move=moved, expected_gain=gain,
+                        rationale=f"rule goal-jump: no one-lever move is left worth a trial ({self.stop_reason}); "
+                                  f"the estimator's best layout the gate allows is {len(moved)} levers away and "
+                                  f"predicted {gain:+.1%}")
 
     def _credit_goal(self, view: PlannerView, incumbent: Layout, candidates: list[Candidate]) -> None:
         """Credit each improving candidate with GOAL_WEIGHT x the goal's predicted gain over the

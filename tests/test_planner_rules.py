@@ -150,3 +150,24 @@ def test_a_walk_stuck_short_of_the_goal_jumps_to_it(tmp_path, monkeypatch):
     jump = LessonGuidedPlanner().propose(view)
     assert jump is not None and jump.rationale.startswith("rule goal-jump") and len(jump.move) >= 2
     assert LessonGuidedPlanner(disabled=frozenset({"goal-jump"})).propose(view) is None
+
+
+def test_a_goal_the_budget_cannot_pay_ends_the_walk_saying_so(tmp_path, monkeypatch):
+    """The same stuck walk with a budget that cannot pay for the goal and its confirmation: no jump,
+    and the stop reason names the budget, not a lack of moves."""
+    from attune.recipe import load_recipe as load
+
+    monkeypatch.setenv("ATTUNE_HOME", str(tmp_path))
+    recipe = load(Path(__file__).resolve().parent.parent / "recipes" / "public" / "llama3_70b.toml")
+    stuck = recipe.layout().levers() | {"parallelism.tensor_parallel_degree": 2,
+                                         "parallelism.data_parallel_shard_degree": 32,
+                                         "training.local_batch_size": 1, AC: "selective", "compile.enable": True}
+    history = [Observation(levers=recipe.layout().levers(), result=_result(recipe, recipe.layout().levers())),
+               Observation(levers=stuck, result=_result(recipe, stuck, tps=6000.0))]
+    tried = [h.levers for h in history]
+    view = PlannerView(recipe=recipe, domains=lever_domains(recipe), history=history, incumbent=stuck,
+                       incumbent_tps=6000.0, noise_band=0.02, budget_left_gpu_hours=3.0,
+                       affordable=lambda levers: levers in tried)   # only what was already measured
+    planner = LessonGuidedPlanner()
+    assert planner.propose(view) is None
+    assert planner.stop_reason.startswith("budget spent"), planner.stop_reason

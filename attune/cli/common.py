@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from attune.errors import InputError
@@ -77,3 +78,11 @@ def quiet_local_prefect(log_level: str = "CRITICAL") -> None:
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", log_level)
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    # Prefect creates its home without parents, and with no home its database fails deep inside
+    # the API's start-up (a 120 s wait, then a traceback), so a PREFECT_HOME in a new folder is made here
+    home = os.environ.get("PREFECT_HOME")
+    if home:
+        try:
+            Path(home).expanduser().mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise InputError(f"PREFECT_HOME: cannot create {home}: {err.strerror}") from None

@@ -86,7 +86,7 @@ class LessonGuidedPlanner:
     _goal: dict[str, Scalar] | None = None
     _goal_done: bool = False
     _numerics_open: bool = False    # exact-first: numerics-tier moves allowed from now on
-    _too_dear: int = 0              # moves predicted to gain that the budget could not pay (last ranking)
+    _too_dear: int = 0              # moves predicted to gain that the budget could not pay (this proposal)
 
     def propose(self, view: PlannerView) -> Proposal | None:
         recipe = view.recipe
@@ -103,6 +103,7 @@ class LessonGuidedPlanner:
         incumbent = resolve_layout(config_for(recipe, view.incumbent), recipe.architecture, recipe.cluster)
         symptoms = self._incumbent_symptoms(view)
         floor = self.min_gain if self.min_gain is not None else view.noise_band / 2
+        self._too_dear = 0   # counted over both rankings below, so the stop reason names the budget
         candidates = self._worthwhile(view, incumbent, symptoms, tried, floor)
         if not candidates and not self._numerics_open and "exact-first" not in self.disabled:
             self._numerics_open = True   # the exact-tier walk has converged: now float8 may be tried
@@ -128,7 +129,6 @@ class LessonGuidedPlanner:
     def _worthwhile(self, view: PlannerView, incumbent: Layout, symptoms: set[str], tried: list,
                     floor: float) -> list[Candidate]:
         """Candidates predicted to gain more than `floor`; if none, stop_reason says why."""
-        self._too_dear = 0
         candidates = self._candidates(view, incumbent, symptoms, tried)
         worthwhile = [c for c in candidates if c.score > floor]
         if worthwhile:
@@ -155,7 +155,12 @@ class LessonGuidedPlanner:
         recipe = view.recipe
         there = predict(recipe, resolve_layout(config_for(recipe, goal), recipe.architecture, recipe.cluster))
         gain = there.tokens_per_sec_per_gpu / predict(recipe, incumbent).tokens_per_sec_per_gpu - 1
-        if gain <= floor or (view.affordable is not None and not view.affordable(goal)):
+        if gain <= floor:
+            return None
+        if view.affordable is not None and not view.affordable(goal):
+            self.stop_reason = (f"budget spent: the estimator's best layout the gate allows, predicted {gain:+.1%} "
+                                f"over the incumbent, costs more than the {view.budget_left_gpu_hours:.1f} GPU-hours "
+                                f"left can pay with its confirmation ({self.stop_reason})")
             return None
         moved = {k: v for k, v in goal.items() if incumbent.levers()[k] != v}
         return Proposal(levers=dict(goal), move=moved, expected_gain=gain,

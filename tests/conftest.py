@@ -65,10 +65,11 @@ def write_recipe(tmp_path):
 def cli(tmp_path):
     """cli(*args) -> CompletedProcess of `python -m attune.cli.main ARGS` (cwd = tmp_path)."""
 
-    def _run(*args: str, check: bool = False, timeout: float = 300) -> subprocess.CompletedProcess:
+    def _run(*args: str, check: bool = False, timeout: float = 300,
+             env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
         env = dict(os.environ, PYTHONPATH=str(REPO), ATTUNE_HOME=str(tmp_path / ".attune"),
                    PREFECT_HOME=str(tmp_path / ".prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
-                   MPLBACKEND="Agg")
+                   MPLBACKEND="Agg") | (env_extra or {})
         proc = subprocess.run([sys.executable, "-m", "attune.cli.main", *map(str, args)], cwd=tmp_path,
                               env=env, capture_output=True, text=True, timeout=timeout)
         if check and proc.returncode != 0:

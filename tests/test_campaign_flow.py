@@ -109,6 +109,14 @@ def test_bad_requests_exit_2_and_write_nothing(cli, tmp_path, args, needle):
     assert not (tmp_path / ".attune" / "campaigns").exists()
 
 
+def test_a_prefect_home_that_cannot_be_made_exits_2(cli, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    proc = cli("tune", PUBLIC_8B, "--budget-gpu-hours", "10", env_extra={"PREFECT_HOME": str(blocker / "prefect")})
+    assert_one_line_error(proc, "PREFECT_HOME", "cannot create")
+    assert not (tmp_path / ".attune" / "campaigns").exists()
+
+
 def test_a_recipe_that_fails_its_own_baseline_exits_2(cli, write_recipe, tmp_path):
     # llama3.1-405b on 8 A100s cannot fit in memory whatever the recomputation
     recipe = write_recipe('''

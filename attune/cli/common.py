@@ -85,4 +85,4 @@ def quiet_local_prefect(log_level: str = "CRITICAL") -> None:
         try:
             Path(home).expanduser().mkdir(parents=True, exist_ok=True)
         except OSError as err:
-            raise InputError(f"PREFECT_HOME: cannot create {home}: {err.strerror}") from None
+            raise InputError("PREFECT_HOME", f"cannot create {home}: {err.strerror}") from None

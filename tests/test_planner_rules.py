@@ -3,6 +3,7 @@ the noise band decides the incumbent."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -133,19 +134,17 @@ def test_float8_is_tried_only_after_the_walk_without_it_has_converged(write_reci
     assert {k for k, v in late.levers.items() if top[k] != v} >= {"quantize.float8"}
 
 
-def _stuck_70b_view(tmp_path, monkeypatch, **view_fields) -> PlannerView:
+def _stuck_70b_view(tmp_path, monkeypatch) -> PlannerView:
     """Llama-3.1-70B on 64 A100s walked to TP 2 with micro-batch 1, selective AC and compile."""
-    from attune.recipe import load_recipe as load
-
     monkeypatch.setenv("ATTUNE_HOME", str(tmp_path))
-    recipe = load(Path(__file__).resolve().parent.parent / "recipes" / "public" / "llama3_70b.toml")
+    recipe = load_recipe(Path(__file__).resolve().parent.parent / "recipes" / "public" / "llama3_70b.toml")
     stuck = recipe.layout().levers() | {"parallelism.tensor_parallel_degree": 2,
                                          "parallelism.data_parallel_shard_degree": 32,
                                          "training.local_batch_size": 1, AC: "selective", "compile.enable": True}
     history = [Observation(levers=recipe.layout().levers(), result=_result(recipe, recipe.layout().levers())),
                Observation(levers=stuck, result=_result(recipe, stuck, tps=6000.0))]
-    fields = dict(incumbent_tps=6000.0, noise_band=0.02, budget_left_gpu_hours=100.0) | view_fields
-    return PlannerView(recipe=recipe, domains=lever_domains(recipe), history=history, incumbent=stuck, **fields)
+    return PlannerView(recipe=recipe, domains=lever_domains(recipe), history=history, incumbent=stuck,
+                       incumbent_tps=6000.0, noise_band=0.02, budget_left_gpu_hours=100.0)
 
 
 def test_a_walk_stuck_short_of_the_goal_jumps_to_it(tmp_path, monkeypatch):
@@ -160,10 +159,9 @@ def test_a_walk_stuck_short_of_the_goal_jumps_to_it(tmp_path, monkeypatch):
 def test_a_goal_the_budget_cannot_pay_ends_the_walk_saying_so(tmp_path, monkeypatch):
     """The same stuck walk with a budget that pays only for what was measured already: no jump,
     and the stop reason names the budget, not a lack of moves."""
-    probe = _stuck_70b_view(tmp_path, monkeypatch)
-    tried = [obs.levers for obs in probe.history]
-    view = _stuck_70b_view(tmp_path, monkeypatch, budget_left_gpu_hours=3.0,
-                           affordable=lambda levers: levers in tried)
+    stuck = _stuck_70b_view(tmp_path, monkeypatch)
+    tried = [obs.levers for obs in stuck.history]
+    view = replace(stuck, budget_left_gpu_hours=3.0, affordable=lambda levers: levers in tried)
     planner = LessonGuidedPlanner()
     assert planner.propose(view) is None
     assert planner.stop_reason.startswith("budget spent"), planner.stop_reason

@@ -120,3 +120,27 @@ def test_a_recipe_that_already_matches_a_known_defect_is_named(write_recipe, tmp
     record_trial(c, "baseline", recipe.layout().levers(), _ok(recipe, recipe.layout().levers(), 5000.0))
     assert [h["id"] for h in finish.baseline_defects(c)] == ["TT-3109"]
     assert "matches known defect(s) TT-3109" in finish.final_message(c)
+
+
+def test_a_probe_runs_the_real_gate_once_and_the_final_gate_gives_its_verdict(write_recipe, tmp_path, monkeypatch):
+    """The planner's probe (gate-probe) is the whole gate on the proxy, asked once per layout: the
+    campaign keeps its verdict, the benchmark's replay knows it, and gating the same layout at the
+    end reads the cached verdict instead of training the proxy again."""
+    from attune.campaign.gate_runs import probe_layout
+
+    monkeypatch.setenv("ATTUNE_HOME", str(tmp_path))
+    recipe = load_recipe(write_recipe(RECIPE_8B_H100))
+    c = open_campaign(recipe, CampaignSettings(budget_gpu_hours=500, gate_steps=16), home=tmp_path)
+    base = recipe.layout().levers()
+    for tps in (5000.0, 5050.0, 4950.0):
+        record_trial(c, "baseline", base, _ok(recipe, base, tps))
+    float8 = c.recipe.layout().levers() | {F8: "tensorwise"}
+    passed = probe_layout(c, float8)
+    assert [(p["levers"], p["passed"]) for p in c.state.gate_probes] == [(float8, passed)]
+    assert "tier numerics" in c.state.gate_probes[0]["note"]          # the proxy ran: not a config refusal
+    assert probe_layout(c, float8) == passed and len(c.state.gate_probes) == 1
+    assert GateJudge(c.recipe, c.state).verdict(float8) == (passed, True)
+    record_trial(c, "trial", float8, _ok(c.recipe, float8, 6500.0))
+    assert c.state.incumbent_record.levers == float8
+    report = finish.run_gate(c)
+    assert report.get("cached") is True and report["passed"] == passed

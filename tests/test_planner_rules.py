@@ -165,3 +165,55 @@ def test_a_goal_the_budget_cannot_pay_ends_the_walk_saying_so(tmp_path, monkeypa
     planner = LessonGuidedPlanner()
     assert planner.propose(view) is None
     assert planner.stop_reason.startswith("budget spent"), planner.stop_reason
+
+
+F8 = "quantize.float8"
+
+
+class _Probe:
+    """A stand-in for the gate's proxy check: answers `passes` and records what it was asked."""
+
+    def __init__(self, passes: bool):
+        self.passes, self.asked = passes, []
+
+    def __call__(self, levers):
+        self.asked.append(dict(levers))
+        return self.passes
+
+
+def test_the_first_trial_is_the_estimators_goal_with_float8_only_if_the_probe_passes(write_recipe, tmp_path,
+                                                                                     monkeypatch):
+    monkeypatch.setenv("ATTUNE_HOME", str(tmp_path))
+    recipe = load_recipe(write_recipe(RECIPE_8B_H100))
+    base = recipe.layout().levers()
+    view = _view(recipe, [Observation(levers=base, result=_result(recipe, base)) for _ in range(3)], base)
+    passing = _Probe(True)
+    first = LessonGuidedPlanner().propose(replace(view, gate_probe=passing))
+    assert first.rationale.startswith("rule goal-first") and len(first.move) >= 2
+    assert first.levers[F8] != base[F8] and passing.asked == [first.levers] and "(probe)" in first.rationale
+    refusing = _Probe(False)
+    exact = LessonGuidedPlanner().propose(replace(view, gate_probe=refusing))
+    assert exact.rationale.startswith("rule goal-first") and exact.levers[F8] == base[F8]
+    assert len(refusing.asked) == 1 and refusing.asked[0][F8] != base[F8]   # one probe for the goal
+    off = LessonGuidedPlanner(disabled=frozenset({"goal-first"})).propose(replace(view, gate_probe=passing))
+    assert off is not None and not off.rationale.startswith("rule goal-first")
+
+
+def test_a_float8_move_is_proposed_only_once_the_gate_has_passed_it_on_the_proxy(write_recipe, tmp_path, monkeypatch):
+    from attune.planners.lesson_guided import PROBE_LIMIT
+
+    monkeypatch.setenv("ATTUNE_HOME", str(tmp_path))
+    recipe = load_recipe(write_recipe(RECIPE_8B_H100))
+    base = recipe.layout().levers()
+    top = _best_exact_layout(recipe)
+    history = [Observation(levers=base, result=_result(recipe, base)),
+               Observation(levers=top, result=_result(recipe, top, tps=6000.0))]
+    view = replace(_view(recipe, history, top), incumbent_tps=6000.0)
+    refusing = _Probe(False)
+    planner = LessonGuidedPlanner()
+    refused = planner.propose(replace(view, gate_probe=refusing))
+    assert refused is None or refused.levers[F8] == top[F8]
+    assert 1 <= len(refusing.asked) <= PROBE_LIMIT and all(a[F8] != top[F8] for a in refusing.asked)
+    passing = _Probe(True)
+    probed = LessonGuidedPlanner().propose(replace(view, gate_probe=passing))
+    assert probed.levers[F8] != top[F8] and passing.asked[-1] == probed.levers and "(probe)" in probed.rationale

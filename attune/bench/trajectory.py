@@ -3,10 +3,11 @@
 The campaign does not store its incumbent's history, only every trial in order. The rules are the
 campaign's own, applied to the same records in the same order: a trial becomes the incumbent by
 attune.campaign.engine.beats_incumbent; stopping ships the incumbent if the gate passes it, and a
-refused incumbent falls back on attune.campaign.engine.best_exact. The gate's real verdicts
-are known for the candidates the campaign gated; any other incumbent is judged by the gate's public
-config check (objective fields, known defects), and a numerics-tier (float8) one counts as refused:
-only the proxy's convergence check could pass it, and the campaign ran it on its final candidates.
+refused incumbent falls back on attune.campaign.engine.best_exact. The gate's real verdicts are
+known for the candidates the campaign gated and the layouts its planner probed; any other incumbent
+is judged by the gate's public config check (objective fields, known defects), and a numerics-tier
+(float8) one counts as refused: only the proxy's convergence check could pass it, and the campaign
+ran it on its final candidates.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ class GateJudge:
 
     def __init__(self, recipe: Recipe, state: CampaignState):
         self.recipe = recipe
-        self.known = {_key(r["levers"]): False for r in state.rejected}
+        self.known = {_key(p["levers"]): bool(p["passed"]) for p in state.gate_probes}
+        self.known |= {_key(r["levers"]): False for r in state.rejected}
         if state.gate is not None and state.incumbent_record is not None:
             self.known[_key(state.incumbent_record.levers)] = bool(state.gate.get("passed"))
         self._memo: dict[tuple, tuple[bool, bool]] = {}

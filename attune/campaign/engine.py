@@ -226,6 +226,8 @@ def baseline_failed(c: Campaign) -> str | None:
 
 
 def planner_view(c: Campaign) -> PlannerView:
+    from attune.campaign.gate_runs import probe_layout
+
     incumbent = c.state.incumbent_record
     history = [Observation(levers=t.levers, result=t.result, diagnosis=[s.id for s in t.diagnosis], move=t.move)
                for t in c.state.trials]
@@ -234,7 +236,8 @@ def planner_view(c: Campaign) -> PlannerView:
                        noise_band=c.state.noise_band or 0.0, budget_left_gpu_hours=c.state.budget.left,
                        trial_cost_gpu_hours=c.estimated_cost,
                        affordable=lambda levers: c.state.budget.can_afford(c.settings.replicates
-                                                                           * c.estimated_cost(levers)))
+                                                                           * c.estimated_cost(levers)),
+                       gate_probe=lambda levers: probe_layout(c, levers))
 
 
 def next_proposal(c: Campaign) -> Proposal | None:

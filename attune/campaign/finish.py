@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
 from attune.campaign.engine import Campaign, mean_tps
+from attune.campaign.gate_runs import gate_report
 from attune.campaign.payback import payback_hours
-from attune.campaign.state import attune_home
 from attune.recipe import Recipe, write_recipe
 from lessons.catalog import Evidence, append_evidence, user_evidence_file
 
@@ -21,29 +19,9 @@ def candidate_recipe(c: Campaign) -> Recipe:
 
 
 def run_gate(c: Campaign) -> dict[str, Any]:
-    """The correctness gate on the incumbent (the gate never sees the planner).
-
-    The gate is deterministic in its inputs (recipes, steps, seed), so its verdict is cached by
-    content under $ATTUNE_HOME/gate-cache: benchmark campaigns that ship the same recipe share it.
-    """
-    import gate
-
-    candidate = candidate_recipe(c)
-    seed = c.settings.seed if c.settings.gate_seed is None else c.settings.gate_seed
-    key = hashlib.sha256(json.dumps([c.recipe.config, candidate.config, c.recipe.stack.model_dump(),
-                                     c.settings.gate_steps, seed, gate.__name__],
-                                    sort_keys=True, default=str).encode()).hexdigest()[:20]
-    cached = attune_home() / "gate-cache" / f"{key}.json"
-    if cached.is_file():
-        c.state.gate = json.loads(cached.read_text()) | {"cached": True}
-    else:
-        report = gate.verify(c.recipe, candidate, c.directory / "gate", steps=c.settings.gate_steps,
-                             seed=seed)
-        c.state.gate = report.model_dump(mode="json")
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_suffix(".tmp")
-        tmp.write_text(json.dumps(c.state.gate))
-        tmp.replace(cached)
+    """The correctness gate on the incumbent (the gate never sees the planner; its verdicts are
+    cached by content, attune.campaign.gate_runs)."""
+    c.state.gate = gate_report(c, candidate_recipe(c), c.directory / "gate")
     c.save()
     return c.state.gate
 

@@ -65,6 +65,7 @@ class CampaignState(BaseModel):
     phase: Phase = "baseline"
     incumbent: int | None = None
     rejected: list[dict[str, Any]] = []     # numerics-tier incumbents the gate refused: levers, report
+    gate_probes: list[dict[str, Any]] = []  # layouts the planner had gated before measuring: levers, passed
     noise_rel_sd: float | None = None
     noise_band: float | None = None
     pending: PendingTrial | None = None

@@ -36,6 +36,9 @@ class PlannerView:
     affordable: Any = None                  # callable(levers) -> bool: the budget would let it start
                                             # (its cost plus the confirmation reserve); a planner that
                                             # proposes what is not affordable ends the search
+    gate_probe: Any = None                  # callable(levers) -> bool: the whole gate (config check and
+                                            # the proxy's convergence check) passes the layout; CPU only,
+                                            # no GPU-hours, tens of seconds, cached by content
 
 
 @dataclass(frozen=True)

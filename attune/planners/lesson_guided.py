@@ -23,17 +23,29 @@ Search rules (each can be switched off for ablations, see RULES):
                    inside it is measured once more before it is judged: one noisy run should not
                    send the walk down another path (the incumbent rule compares means, so two
                    runs need a smaller margin than one; attune.campaign.noise.clears_band)
-  exact-first      no move that puts the candidate in the gate's numerics tier (float8: the config
-                   check passes it on to the convergence check on the proxy) until the walk without
-                   one has converged; then float8 moves are tried from the incumbent. The proxy
-                   passes float8 on some recipes and refuses it on others, and a refused candidate
-                   falls back on the best one without a numerics change (the campaign's fall_back),
-                   so the exact-tier gain is found first and never staked on the float8 verdict
+  gate-probe       a move that puts the candidate in the gate's numerics tier (float8: the config
+                   check passes it on to the convergence check on the proxy) is proposed only after
+                   the whole gate has passed it (PlannerView.gate_probe: the proxy trains on the CPU,
+                   no GPU-hours are spent). The proxy passes float8 on some recipes and layouts and
+                   refuses it on others; a probed layout is gated at the end with the same verdict,
+                   so float8 can be part of the walk from its first move. At most PROBE_LIMIT probes
+  exact-first      without a probe (none offered, switched off or used up): no numerics-tier move
+                   until the walk without one has converged; then float8 moves are tried from the
+                   incumbent. A refused candidate falls back on the best one without a numerics
+                   change (the campaign's fall_back), so the exact-tier gain is found first and never
+                   staked on an unprobed float8 verdict
+  goal-first       the first trial after the baseline is the estimator's goal (estimator-goal; a
+                   numerics-tier goal only if the probe passes it) when it is predicted to gain more
+                   than the stopping floor: the walk then refines it one lever at a time. The public
+                   estimator ranks layouts well and misses per-cluster effects, so its best layout is
+                   a better start than the public recipe; if it measures worse, the walk starts from
+                   the baseline as without the rule, one trial later
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from attune.errors import InputError
 from attune.layout import AC_MODE, FLOAT8, LOCAL_BATCH, Layout, apply_levers, resolve_layout
@@ -45,13 +57,15 @@ from attune.recipe import Recipe
 from attune.space import config_for
 from lessons.catalog import Lesson, load_lessons, match
 
-RULES = ("oom-recompute", "estimator-fit", "no-repeat", "cheaper-ties", "lessons", "gate-safe", "exact-first",
-         "estimator-goal", "goal-jump", "recheck")
+RULES = ("oom-recompute", "estimator-fit", "no-repeat", "cheaper-ties", "lessons", "gate-safe", "gate-probe",
+         "exact-first", "estimator-goal", "goal-first", "goal-jump", "recheck")
 TIE = 0.005            # predicted gains closer than this are a tie
 LESSON_WEIGHT = 0.5    # how much a matching lesson's prior adds to the estimator's predicted gain
 GOAL_WEIGHT = 0.5      # share of the goal's remaining predicted gain credited per lever brought in line
 GOAL_SCAN = 20_000     # estimator-ranked layouts scanned for the goal (the gate rules decide the first)
 GOAL_CHECKS = 500      # config checks spent on it at most (about 10 ms each)
+PROBE_LIMIT = 4        # gate runs on the proxy a campaign spends on numerics-tier candidates (seconds to a
+                       # minute of CPU each; one refused float8 trial costs a GPU trial and a fall back)
 
 
 @dataclass
@@ -63,6 +77,7 @@ class Candidate:
     lesson: Lesson | None = None
     note: str = ""
     goal_credit: float = 0.0
+    numerics: bool = False     # in the gate's numerics tier (float8)
 
     @property
     def score(self) -> float:
@@ -87,6 +102,8 @@ class LessonGuidedPlanner:
     _goal_done: bool = False
     _numerics_open: bool = False    # exact-first: numerics-tier moves allowed from now on
     _too_dear: int = 0              # moves predicted to gain that the budget could not pay (this proposal)
+    _probe: Any = None              # gate-probe: PlannerView.gate_probe while the rule is on
+    _probed: dict[tuple, bool] = field(default_factory=dict)   # gate-probe verdicts, by layout
 
     def propose(self, view: PlannerView) -> Proposal | None:
         recipe = view.recipe
@@ -100,30 +117,46 @@ class LessonGuidedPlanner:
             again = self._recheck(view, last)
             if again is not None:
                 return again
+        self._probe = view.gate_probe if "gate-probe" not in self.disabled else None
         incumbent = resolve_layout(config_for(recipe, view.incumbent), recipe.architecture, recipe.cluster)
-        symptoms = self._incumbent_symptoms(view)
         floor = self.min_gain if self.min_gain is not None else view.noise_band / 2
+        if "goal-first" not in self.disabled and all(obs.levers == tried[0] for obs in view.history):
+            first = self._goal_first(view, incumbent, floor)
+            if first is not None:
+                return first
+        symptoms = self._incumbent_symptoms(view)
         self._too_dear = 0   # counted over both rankings below, so the stop reason names the budget
-        candidates = self._worthwhile(view, incumbent, symptoms, tried, floor)
-        if not candidates and not self._numerics_open and "exact-first" not in self.disabled:
+        pick = self._pick(view, incumbent, self._worthwhile(view, incumbent, symptoms, tried, floor))
+        if pick is None and self._probe is None and not self._numerics_open and "exact-first" not in self.disabled:
             self._numerics_open = True   # the exact-tier walk has converged: now float8 may be tried
-            candidates = self._worthwhile(view, incumbent, symptoms, tried, floor)
-        if not candidates:
+            pick = self._pick(view, incumbent, self._worthwhile(view, incumbent, symptoms, tried, floor))
+        if pick is None:
             return self._goal_jump(view, incumbent, tried, floor) if "goal-jump" not in self.disabled else None
-        if "estimator-goal" not in self.disabled and not self._numerics_open:
-            self._credit_goal(view, incumbent, candidates)
-        best_rank = max(c.rank for c in candidates)
-        if "cheaper-ties" in self.disabled:
-            pick = max(candidates, key=lambda c: c.rank)
-        else:
-            pick = min((c for c in candidates if c.rank >= best_rank - TIE), key=lambda c: (c.cost, -c.rank))
         why = (f"lesson {pick.lesson.id}: {pick.lesson.title}" if pick.lesson else "estimator-ranked one-lever move")
         if pick.goal_credit > 0:
             why += f" toward the estimator's goal (+{pick.goal_credit:.1%} credit)"
         return Proposal(levers=pick.levers, move=pick.move, lesson_id=pick.lesson.id if pick.lesson else None,
                         expected_gain=pick.predicted_gain,
                         rationale=f"{why}; symptoms {sorted(symptoms) or ['none']}; estimator predicts "
-                                  f"{pick.predicted_gain:+.1%}{pick.note}")
+                                  f"{pick.predicted_gain:+.1%}{pick.note}{self._probe_note(pick.levers)}")
+
+    def _pick(self, view: PlannerView, incumbent: Layout, candidates: list[Candidate]) -> Candidate | None:
+        """The best-ranked candidate (the cheapest of a tie); a numerics-tier one only once the gate
+        has passed it (gate-probe): a refused one is dropped and the next is taken."""
+        if candidates and "estimator-goal" not in self.disabled and not self._numerics_open:
+            self._credit_goal(view, incumbent, candidates)
+        while candidates:
+            best_rank = max(c.rank for c in candidates)
+            if "cheaper-ties" in self.disabled:
+                pick = max(candidates, key=lambda c: c.rank)
+            else:
+                pick = min((c for c in candidates if c.rank >= best_rank - TIE), key=lambda c: (c.cost, -c.rank))
+            if not pick.numerics or self._numerics_pass(pick.levers):
+                return pick
+            candidates.remove(pick)
+            self.stop_reason = ("no moves left: the gate refused every numerics-tier candidate predicted to gain "
+                                "when probed on the proxy, and no other move is worth a trial")
+        return None
 
     # ------------------------------------------------------------------------------------------
     def _worthwhile(self, view: PlannerView, incumbent: Layout, symptoms: set[str], tried: list,
@@ -194,18 +227,40 @@ class LessonGuidedPlanner:
             self._goal_done = True
             ranked = rank_layouts(view.recipe)
             float8 = view.recipe.layout().float8
-            checks = 0
+            checks, probed = 0, False
             for i in range(min(len(ranked), GOAL_SCAN)):
                 levers = ranked[i]
-                if "exact-first" not in self.disabled and levers[FLOAT8] != float8:
+                if levers[FLOAT8] != float8 and (probed or not self._numerics_allowed(levers)):
                     continue   # cheap: a float8 change always puts the candidate in the numerics tier
                 if self._gate_ok(view.recipe, levers):
-                    self._goal = levers
-                    break
+                    if not self._tier(view.recipe, levers)[1]:
+                        self._goal = levers
+                        break
+                    probed = True   # one probe for the goal: if the proxy refuses it, an exact-tier goal
+                    if self._numerics_pass(levers):
+                        self._goal = levers
+                        break
                 checks += 1
                 if checks >= GOAL_CHECKS:
                     break
         return self._goal
+
+    def _goal_first(self, view: PlannerView, incumbent: Layout, floor: float) -> Proposal | None:
+        """Only the baseline is measured: the estimator's goal is the first trial if it is predicted
+        to gain more than `floor` and the budget pays for it."""
+        goal = self._goal_levers(view)
+        if goal is None or goal == view.incumbent:
+            return None
+        recipe = view.recipe
+        there = predict(recipe, resolve_layout(config_for(recipe, goal), recipe.architecture, recipe.cluster))
+        gain = there.tokens_per_sec_per_gpu / predict(recipe, incumbent).tokens_per_sec_per_gpu - 1
+        if gain <= floor or (view.affordable is not None and not view.affordable(goal)):
+            return None
+        moved = {k: v for k, v in goal.items() if incumbent.levers()[k] != v}
+        return Proposal(levers=dict(goal), move=moved, expected_gain=gain,
+                        rationale=f"rule goal-first: the estimator's best layout the gate allows is {len(moved)} "
+                                  f"lever(s) from the baseline and predicted {gain:+.1%}: measured first, then "
+                                  f"refined one lever at a time{self._probe_note(goal)}")
 
     def _recompute_retry(self, view: PlannerView, last: Observation, tried: list) -> Proposal | None:
         if last.result.status.value != "oom":
@@ -218,7 +273,7 @@ class LessonGuidedPlanner:
         moved = dict(last.levers) | {AC_MODE: order[order.index(layout.ac_mode) + 1]}
         if moved in tried:
             return None
-        if not self._gate_ok(recipe, moved):
+        if not self._gate_ok(recipe, moved) or (self._tier(recipe, moved)[1] and not self._numerics_pass(moved)):
             return None
         return Proposal(levers=moved, move={AC_MODE: moved[AC_MODE]}, lesson_id="oom-recompute",
                         rationale=f"rule oom-recompute: the last layout ran out of memory; retried with "
@@ -243,15 +298,43 @@ class LessonGuidedPlanner:
                         rationale=f"rule recheck: measured {measured:+.1%} over the incumbent, inside the noise "
                                   f"band, where the estimator predicts {expected:+.1%}: measured once more")
 
-    def _gate_ok(self, recipe: Recipe, levers: dict[str, Scalar]) -> bool:
-        """The gate rules in force: gate-safe (config check passes), exact-first (no numerics change
-        until the exact-tier walk has converged)."""
-        key = tuple(sorted(levers.items()))
+    def _tier(self, recipe: Recipe, levers: dict[str, Scalar]) -> tuple[bool, bool]:
+        """(the gate's config check passes it, it is in the numerics tier), memoised."""
+        key = _key(levers)
         if key not in self._gate_memo:
             self._gate_memo[key] = gate_verdict(recipe, levers)
-        passed, numerics = self._gate_memo[key]
-        numerics_ok = self._numerics_open or "exact-first" in self.disabled
-        return (passed or "gate-safe" in self.disabled) and (not numerics or numerics_ok)
+        return self._gate_memo[key]
+
+    def _gate_ok(self, recipe: Recipe, levers: dict[str, Scalar]) -> bool:
+        """The gate rules in force: gate-safe (config check passes); for a numerics-tier layout,
+        gate-probe (a probe passed it, or one is still to be asked) else exact-first (only once the
+        exact-tier walk has converged)."""
+        passed, numerics = self._tier(recipe, levers)
+        return (passed or "gate-safe" in self.disabled) and (not numerics or self._numerics_allowed(levers))
+
+    def _probing(self) -> bool:
+        return self._probe is not None and len(self._probed) < PROBE_LIMIT
+
+    def _numerics_allowed(self, levers: dict[str, Scalar]) -> bool:
+        """May this numerics-tier layout be a candidate (probed later, when it is picked)? With a
+        probe, only while probes are left: after PROBE_LIMIT of them float8 is done with."""
+        if _key(levers) in self._probed:
+            return self._probed[_key(levers)]
+        if self._probe is not None:
+            return self._probing()
+        return self._numerics_open or "exact-first" in self.disabled
+
+    def _numerics_pass(self, levers: dict[str, Scalar]) -> bool:
+        """The probe's verdict on a numerics-tier layout about to be proposed (asked now if it can be)."""
+        key = _key(levers)
+        if key not in self._probed and self._probing():
+            self._probed[key] = bool(self._probe(levers))
+        if key in self._probed:
+            return self._probed[key]
+        return self._numerics_allowed(levers)
+
+    def _probe_note(self, levers: dict[str, Scalar]) -> str:
+        return "; the gate passed its numerics on the proxy (probe)" if self._probed.get(_key(levers)) else ""
 
     def _incumbent_symptoms(self, view: PlannerView) -> set[str]:
         for obs in reversed(view.history):
@@ -336,8 +419,12 @@ class LessonGuidedPlanner:
             return None   # the budget cannot pay for it: proposing it would end the search
         cost = view.trial_cost_gpu_hours(levers) if view.trial_cost_gpu_hours else pred.step_time_s
         return Candidate(levers=levers, move=levers_move, predicted_gain=pred.tokens_per_sec_per_gpu / base_tps - 1,
-                         cost=cost, lesson=lesson, note=note)
+                         cost=cost, lesson=lesson, note=note, numerics=self._tier(recipe, levers)[1])
 
 
 def gate_accepts(recipe: Recipe, levers: dict[str, Scalar]) -> bool:
     return gate_verdict(recipe, levers)[0]
+
+
+def _key(levers: dict[str, Scalar]) -> tuple:
+    return tuple(sorted(levers.items()))

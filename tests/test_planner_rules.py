@@ -13,7 +13,7 @@ from attune.campaign.engine import CampaignSettings, open_campaign, record_trial
 from attune.planners.base import Observation, PlannerView
 from attune.planners.lesson_guided import LessonGuidedPlanner
 from attune.recipe import load_recipe
-from attune.space import lever_domains
+from attune.space import config_for, lever_domains
 from attune.stacks.base import TrialResult, TrialStatus
 
 AC = "activation_checkpoint.mode"
@@ -135,8 +135,11 @@ def test_float8_is_tried_only_after_the_walk_without_it_has_converged(write_reci
 
 
 def _stuck_70b_view(tmp_path, monkeypatch) -> PlannerView:
-    """Llama-3.1-70B on 64 A100s walked to TP 2 with micro-batch 1, selective AC and compile."""
+    """Llama-3.1-70B on 64 A100s walked to TP 2 with micro-batch 1, selective AC and compile. The
+    goal here is the estimator's best layout with no memory headroom asked (TP 1 with CP 2, 98% of
+    memory): with GOAL_HEADROOM the goal is predicted slower than this incumbent, and nothing jumps."""
     monkeypatch.setenv("ATTUNE_HOME", str(tmp_path))
+    monkeypatch.setattr("attune.planners.lesson_guided.GOAL_HEADROOM", 0.0)
     recipe = load_recipe(Path(__file__).resolve().parent.parent / "recipes" / "public" / "llama3_70b.toml")
     stuck = recipe.layout().levers() | {"parallelism.tensor_parallel_degree": 2,
                                          "parallelism.data_parallel_shard_degree": 32,
@@ -200,7 +203,7 @@ def test_the_first_trial_is_the_estimators_goal_with_float8_only_if_the_probe_pa
 
 
 def test_a_float8_move_is_proposed_only_once_the_gate_has_passed_it_on_the_proxy(write_recipe, tmp_path, monkeypatch):
-    from attune.planners.lesson_guided import PROBE_LIMIT
+    from attune.planners.gate_rules import PROBE_LIMIT
 
     monkeypatch.setenv("ATTUNE_HOME", str(tmp_path))
     recipe = load_recipe(write_recipe(RECIPE_8B_H100))
@@ -217,3 +220,24 @@ def test_a_float8_move_is_proposed_only_once_the_gate_has_passed_it_on_the_proxy
     passing = _Probe(True)
     probed = LessonGuidedPlanner().propose(replace(view, gate_probe=passing))
     assert probed.levers[F8] != top[F8] and passing.asked[-1] == probed.levers and "(probe)" in probed.rationale
+
+
+def test_the_goal_leaves_memory_headroom(tmp_path, monkeypatch):
+    """A goal is reached by a jump of several levers, so it must be predicted to leave GOAL_HEADROOM
+    of memory free: on Llama-3.1-70B the estimator's best layout uses 98% and is not the goal."""
+    from attune.planners import lesson_guided
+    from attune.planners.estimates import predict
+
+    monkeypatch.setenv("ATTUNE_HOME", str(tmp_path))
+    recipe = load_recipe(Path(__file__).resolve().parent.parent / "recipes" / "public" / "llama3_70b.toml")
+    base = recipe.layout().levers()
+    view = _view(recipe, [Observation(levers=base, result=_result(recipe, base))], base)
+
+    def goal_memory_share(headroom: float) -> float:
+        monkeypatch.setattr(lesson_guided, "GOAL_HEADROOM", headroom)
+        goal = LessonGuidedPlanner()._goal_levers(view)
+        layout = recipe.with_config(config_for(recipe, goal)).layout()
+        return predict(recipe, layout).peak_memory_gib / recipe.cluster.memory_gib
+
+    assert goal_memory_share(0.0) > 0.95
+    assert goal_memory_share(0.10) <= 0.90

@@ -48,8 +48,9 @@ class RankedLayouts(Sequence):
         return float(self._tps[self._order[i]])
 
 
-def rank_layouts(recipe: Recipe) -> RankedLayouts:
-    """Every valid layout of the recipe's lever space the estimator predicts to fit, best first."""
+def rank_layouts(recipe: Recipe, headroom: float = 0.0) -> RankedLayouts:
+    """Every valid layout of the recipe's lever space the estimator predicts to fit, best first;
+    with `headroom`, only those predicted to leave that share of GPU memory free."""
     import numpy as np
 
     from attune.sim.estimator import estimate_many
@@ -57,6 +58,6 @@ def rank_layouts(recipe: Recipe) -> RankedLayouts:
 
     arrays = space_arrays(recipe)
     cols = estimate_many(recipe, arrays)
-    fits = np.flatnonzero(cols["fits"])
+    fits = np.flatnonzero(cols["fits"] & (cols["mem_total_gib"] <= (1.0 - headroom) * recipe.cluster.memory_gib))
     order = fits[np.argsort(-cols["tps"][fits], kind="stable")]
     return RankedLayouts(arrays, order, cols["tps"])

@@ -12,7 +12,8 @@ Search rules (each can be switched off for ablations, see RULES):
                    or a known stack defect of gate/defects.toml) is offered with the compensation
                    that avoids it (no recomputation for the compile + recompute MoE defect), else
                    dropped: a campaign ships only what passes the gate, so such a trial is wasted
-  estimator-goal   the public estimator's best layout the gate rules allow is the search's goal:
+  estimator-goal   the public estimator's best layout the gate rules allow, predicted to leave
+                   GOAL_HEADROOM of memory free, is the search's goal:
                    among the moves predicted to improve, one that brings levers in line with the
                    goal is credited with a share of the goal's remaining predicted gain, so the
                    one-lever walk heads for the estimator's optimum instead of the nearest hill
@@ -45,12 +46,12 @@ Search rules (each can be switched off for ablations, see RULES):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from attune.errors import InputError
 from attune.layout import AC_MODE, FLOAT8, LOCAL_BATCH, Layout, apply_levers, resolve_layout
 from attune.levers import Scalar
 from attune.campaign.tier import gate_verdict
+from attune.planners.gate_rules import GateRules
 from attune.planners.base import Observation, PlannerView, Proposal
 from attune.planners.estimates import predict
 from attune.recipe import Recipe
@@ -64,8 +65,9 @@ LESSON_WEIGHT = 0.5    # how much a matching lesson's prior adds to the estimato
 GOAL_WEIGHT = 0.5      # share of the goal's remaining predicted gain credited per lever brought in line
 GOAL_SCAN = 20_000     # estimator-ranked layouts scanned for the goal (the gate rules decide the first)
 GOAL_CHECKS = 500      # config checks spent on it at most (about 10 ms each)
-PROBE_LIMIT = 4        # gate runs on the proxy a campaign spends on numerics-tier candidates (seconds to a
-                       # minute of CPU each; one refused float8 trial costs a GPU trial and a fall back)
+GOAL_HEADROOM = 0.10   # share of GPU memory the goal must be predicted to leave free: it is reached by a
+                       # jump of several levers, and memory is what a cluster most often contradicts
+                       # the estimator on (an OOM first trial costs a trial and its retry)
 
 
 @dataclass
@@ -97,13 +99,13 @@ class LessonGuidedPlanner:
     lessons: list[Lesson] = field(default_factory=load_lessons)
     min_gain: float | None = None   # stop when nothing is predicted to gain more (default: half the band)
     stop_reason: str = ""
-    _gate_memo: dict[tuple, bool] = field(default_factory=dict)
     _goal: dict[str, Scalar] | None = None
     _goal_done: bool = False
-    _numerics_open: bool = False    # exact-first: numerics-tier moves allowed from now on
     _too_dear: int = 0              # moves predicted to gain that the budget could not pay (this proposal)
-    _probe: Any = None              # gate-probe: PlannerView.gate_probe while the rule is on
-    _probed: dict[tuple, bool] = field(default_factory=dict)   # gate-probe verdicts, by layout
+    gate: GateRules = field(init=False)   # what the planner knows of the gate (attune.planners.gate_rules)
+
+    def __post_init__(self):
+        self.gate = GateRules(disabled=self.disabled)
 
     def propose(self, view: PlannerView) -> Proposal | None:
         recipe = view.recipe
@@ -117,7 +119,7 @@ class LessonGuidedPlanner:
             again = self._recheck(view, last)
             if again is not None:
                 return again
-        self._probe = view.gate_probe if "gate-probe" not in self.disabled else None
+        self.gate.probe = view.gate_probe if "gate-probe" not in self.disabled else None
         incumbent = resolve_layout(config_for(recipe, view.incumbent), recipe.architecture, recipe.cluster)
         floor = self.min_gain if self.min_gain is not None else view.noise_band / 2
         if "goal-first" not in self.disabled and all(obs.levers == tried[0] for obs in view.history):
@@ -127,8 +129,9 @@ class LessonGuidedPlanner:
         symptoms = self._incumbent_symptoms(view)
         self._too_dear = 0   # counted over both rankings below, so the stop reason names the budget
         pick = self._pick(view, incumbent, self._worthwhile(view, incumbent, symptoms, tried, floor))
-        if pick is None and self._probe is None and not self._numerics_open and "exact-first" not in self.disabled:
-            self._numerics_open = True   # the exact-tier walk has converged: now float8 may be tried
+        exact_first = self.gate.probe is None and "exact-first" not in self.disabled
+        if pick is None and exact_first and not self.gate.numerics_open:
+            self.gate.numerics_open = True   # the exact-tier walk has converged: now float8 may be tried
             pick = self._pick(view, incumbent, self._worthwhile(view, incumbent, symptoms, tried, floor))
         if pick is None:
             return self._goal_jump(view, incumbent, tried, floor) if "goal-jump" not in self.disabled else None
@@ -138,12 +141,12 @@ class LessonGuidedPlanner:
         return Proposal(levers=pick.levers, move=pick.move, lesson_id=pick.lesson.id if pick.lesson else None,
                         expected_gain=pick.predicted_gain,
                         rationale=f"{why}; symptoms {sorted(symptoms) or ['none']}; estimator predicts "
-                                  f"{pick.predicted_gain:+.1%}{pick.note}{self._probe_note(pick.levers)}")
+                                  f"{pick.predicted_gain:+.1%}{pick.note}{self.gate.note(pick.levers)}")
 
     def _pick(self, view: PlannerView, incumbent: Layout, candidates: list[Candidate]) -> Candidate | None:
         """The best-ranked candidate (the cheapest of a tie); a numerics-tier one only once the gate
         has passed it (gate-probe): a refused one is dropped and the next is taken."""
-        if candidates and "estimator-goal" not in self.disabled and not self._numerics_open:
+        if candidates and "estimator-goal" not in self.disabled and not self.gate.numerics_open:
             self._credit_goal(view, incumbent, candidates)
         while candidates:
             best_rank = max(c.rank for c in candidates)
@@ -151,7 +154,7 @@ class LessonGuidedPlanner:
                 pick = max(candidates, key=lambda c: c.rank)
             else:
                 pick = min((c for c in candidates if c.rank >= best_rank - TIE), key=lambda c: (c.cost, -c.rank))
-            if not pick.numerics or self._numerics_pass(pick.levers):
+            if not pick.numerics or self.gate.numerics_pass(pick.levers):
                 return pick
             candidates.remove(pick)
             self.stop_reason = ("no moves left: the gate refused every numerics-tier candidate predicted to gain "
@@ -225,19 +228,19 @@ class LessonGuidedPlanner:
             from attune.planners.estimates import rank_layouts
 
             self._goal_done = True
-            ranked = rank_layouts(view.recipe)
+            ranked = rank_layouts(view.recipe, headroom=GOAL_HEADROOM)
             float8 = view.recipe.layout().float8
             checks, probed = 0, False
             for i in range(min(len(ranked), GOAL_SCAN)):
                 levers = ranked[i]
-                if levers[FLOAT8] != float8 and (probed or not self._numerics_allowed(levers)):
+                if levers[FLOAT8] != float8 and (probed or not self.gate.numerics_allowed(levers)):
                     continue   # cheap: a float8 change always puts the candidate in the numerics tier
-                if self._gate_ok(view.recipe, levers):
-                    if not self._tier(view.recipe, levers)[1]:
+                if self.gate.allows(view.recipe, levers):
+                    if not self.gate.tier(view.recipe, levers)[1]:
                         self._goal = levers
                         break
                     probed = True   # one probe for the goal: if the proxy refuses it, an exact-tier goal
-                    if self._numerics_pass(levers):
+                    if self.gate.numerics_pass(levers):
                         self._goal = levers
                         break
                 checks += 1
@@ -260,7 +263,7 @@ class LessonGuidedPlanner:
         return Proposal(levers=dict(goal), move=moved, expected_gain=gain,
                         rationale=f"rule goal-first: the estimator's best layout the gate allows is {len(moved)} "
                                   f"lever(s) from the baseline and predicted {gain:+.1%}: measured first, then "
-                                  f"refined one lever at a time{self._probe_note(goal)}")
+                                  f"refined one lever at a time{self.gate.note(goal)}")
 
     def _recompute_retry(self, view: PlannerView, last: Observation, tried: list) -> Proposal | None:
         if last.result.status.value != "oom":
@@ -273,7 +276,9 @@ class LessonGuidedPlanner:
         moved = dict(last.levers) | {AC_MODE: order[order.index(layout.ac_mode) + 1]}
         if moved in tried:
             return None
-        if not self._gate_ok(recipe, moved) or (self._tier(recipe, moved)[1] and not self._numerics_pass(moved)):
+        if not self.gate.allows(recipe, moved):
+            return None
+        if self.gate.tier(recipe, moved)[1] and not self.gate.numerics_pass(moved):
             return None
         return Proposal(levers=moved, move={AC_MODE: moved[AC_MODE]}, lesson_id="oom-recompute",
                         rationale=f"rule oom-recompute: the last layout ran out of memory; retried with "
@@ -297,44 +302,6 @@ class LessonGuidedPlanner:
         return Proposal(levers=dict(last.levers), move=None, expected_gain=expected,
                         rationale=f"rule recheck: measured {measured:+.1%} over the incumbent, inside the noise "
                                   f"band, where the estimator predicts {expected:+.1%}: measured once more")
-
-    def _tier(self, recipe: Recipe, levers: dict[str, Scalar]) -> tuple[bool, bool]:
-        """(the gate's config check passes it, it is in the numerics tier), memoised."""
-        key = _key(levers)
-        if key not in self._gate_memo:
-            self._gate_memo[key] = gate_verdict(recipe, levers)
-        return self._gate_memo[key]
-
-    def _gate_ok(self, recipe: Recipe, levers: dict[str, Scalar]) -> bool:
-        """The gate rules in force: gate-safe (config check passes); for a numerics-tier layout,
-        gate-probe (a probe passed it, or one is still to be asked) else exact-first (only once the
-        exact-tier walk has converged)."""
-        passed, numerics = self._tier(recipe, levers)
-        return (passed or "gate-safe" in self.disabled) and (not numerics or self._numerics_allowed(levers))
-
-    def _probing(self) -> bool:
-        return self._probe is not None and len(self._probed) < PROBE_LIMIT
-
-    def _numerics_allowed(self, levers: dict[str, Scalar]) -> bool:
-        """May this numerics-tier layout be a candidate (probed later, when it is picked)? With a
-        probe, only while probes are left: after PROBE_LIMIT of them float8 is done with."""
-        if _key(levers) in self._probed:
-            return self._probed[_key(levers)]
-        if self._probe is not None:
-            return self._probing()
-        return self._numerics_open or "exact-first" in self.disabled
-
-    def _numerics_pass(self, levers: dict[str, Scalar]) -> bool:
-        """The probe's verdict on a numerics-tier layout about to be proposed (asked now if it can be)."""
-        key = _key(levers)
-        if key not in self._probed and self._probing():
-            self._probed[key] = bool(self._probe(levers))
-        if key in self._probed:
-            return self._probed[key]
-        return self._numerics_allowed(levers)
-
-    def _probe_note(self, levers: dict[str, Scalar]) -> str:
-        return "; the gate passed its numerics on the proxy (probe)" if self._probed.get(_key(levers)) else ""
 
     def _incumbent_symptoms(self, view: PlannerView) -> set[str]:
         for obs in reversed(view.history):
@@ -402,7 +369,7 @@ class LessonGuidedPlanner:
                 if i == 0:
                     return None
                 continue
-            if not self._gate_ok(recipe, levers):
+            if not self.gate.allows(recipe, levers):
                 continue
             pred = predict(recipe, layout)
             if not pred.fits and "estimator-fit" not in self.disabled:
@@ -419,12 +386,8 @@ class LessonGuidedPlanner:
             return None   # the budget cannot pay for it: proposing it would end the search
         cost = view.trial_cost_gpu_hours(levers) if view.trial_cost_gpu_hours else pred.step_time_s
         return Candidate(levers=levers, move=levers_move, predicted_gain=pred.tokens_per_sec_per_gpu / base_tps - 1,
-                         cost=cost, lesson=lesson, note=note, numerics=self._tier(recipe, levers)[1])
+                         cost=cost, lesson=lesson, note=note, numerics=self.gate.tier(recipe, levers)[1])
 
 
 def gate_accepts(recipe: Recipe, levers: dict[str, Scalar]) -> bool:
     return gate_verdict(recipe, levers)[0]
-
-
-def _key(levers: dict[str, Scalar]) -> tuple:
-    return tuple(sorted(levers.items()))

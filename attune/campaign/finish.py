@@ -97,6 +97,7 @@ def campaign_result(c: Campaign) -> dict[str, Any]:
         "gpu_hours_used": s.budget.spent_gpu_hours, "budget_gpu_hours": s.budget.total_gpu_hours,
         "trials": len(s.trials), "stop_reason": final_message(c), "gate": s.gate, "shipped": s.shipped,
         "gate_rejected": [{"levers": r["levers"], "reason": _why(r["gate"])} for r in s.rejected],
+        "gate_probes": [{"levers": p["levers"], "passed": p["passed"]} for p in s.gate_probes],
         "baseline_defects": baseline_defects(c),
         "payback_hours": payback_hours(s.budget.spent_gpu_hours, gain, c.recipe.cluster.gpus) if s.shipped else None,
         "mlflow_run_id": s.mlflow_run_id, "recipe_out": s.recipe_out, "campaign_dir": str(c.directory),

@@ -29,6 +29,14 @@ def trial_table(c: Campaign) -> str:
     return "\n".join(rows)
 
 
+def _probes_line(probes: list[dict[str, Any]]) -> str:
+    if not probes:
+        return "- gate probes: none"
+    passed = sum(bool(p["passed"]) for p in probes)
+    return (f"- gate probes (the gate on the CPU proxy before a float8 trial, no GPU-hours): {len(probes)}, "
+            f"{passed} passed")
+
+
 def report_markdown(c: Campaign, result: dict[str, Any]) -> str:
     label = " (simulated)" if result.get("simulated") else ""
     best = result["best"]["levers"]
@@ -48,6 +56,7 @@ def report_markdown(c: Campaign, result: dict[str, Any]) -> str:
         f"- GPU-hours {result['gpu_hours_used']:.1f} of {result['budget_gpu_hours']:.1f}; {result['trials']} trials",
         f"- payback: {payback:.1f} h of training on this cluster" if payback else "- payback: n/a (nothing shipped)",
         f"- gate: {'passed' if (result.get('gate') or {}).get('passed') else 'not passed' if result.get('gate') else 'not run'}",
+        _probes_line(result.get("gate_probes") or []),
         "",
         "## Trials",
         trial_table(c),

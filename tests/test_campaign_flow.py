@@ -29,7 +29,7 @@ def test_campaign_end_to_end_with_prefect_and_mlflow(cli, tmp_path):
     proc = cli("tune", PUBLIC_8B, "--budget-gpu-hours", "40", "--json", "--quiet", *FAST_GATE, check=True, timeout=900)
     result = json.loads(proc.stdout)
     for key in ("baseline", "best", "gain", "noise_band", "gpu_hours_used", "budget_gpu_hours", "trials",
-                "stop_reason", "gate", "shipped", "payback_hours", "mlflow_run_id", "recipe_out"):
+                "stop_reason", "gate", "gate_probes", "shipped", "payback_hours", "mlflow_run_id", "recipe_out"):
         assert key in result, key
     assert result["simulated"] is True
     assert 0 < result["gpu_hours_used"] <= result["budget_gpu_hours"] == 40
@@ -37,6 +37,10 @@ def test_campaign_end_to_end_with_prefect_and_mlflow(cli, tmp_path):
     state = CampaignState.load(_state_files(tmp_path / ".attune")[0])
     assert sum(t.result.gpu_hours for t in state.trials) == pytest.approx(result["gpu_hours_used"])
     assert len(state.of_role("baseline")) == 3
+    assert result["gate_probes"] == [{"levers": p["levers"], "passed": p["passed"]} for p in state.gate_probes]
+    if result["shipped"] and result["best"]["levers"]["quantize.float8"] != state.trials[0].levers["quantize.float8"]:
+        # a float8 layout was measured only after the gate had passed it on the proxy (gate-probe)
+        assert {"levers": result["best"]["levers"], "passed": True} in result["gate_probes"]
     if result["shipped"]:
         assert result["gain"] > result["noise_band"] / 2 and result["gate"]["passed"]
         assert result["payback_hours"] > 0

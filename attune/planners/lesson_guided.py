@@ -188,9 +188,7 @@ class LessonGuidedPlanner:
         goal = self._goal_levers(view)
         if goal is None or goal in tried or goal == view.incumbent:
             return None
-        recipe = view.recipe
-        there = predict(recipe, resolve_layout(config_for(recipe, goal), recipe.architecture, recipe.cluster))
-        gain = there.tokens_per_sec_per_gpu / predict(recipe, incumbent).tokens_per_sec_per_gpu - 1
+        gain = _predicted_gain(view.recipe, incumbent, goal)
         if gain <= floor:
             return None
         if view.affordable is not None and not view.affordable(goal):
@@ -214,8 +212,7 @@ class LessonGuidedPlanner:
         distance = sum(here[k] != v for k, v in goal.items())
         if distance == 0:
             return
-        goal_layout = resolve_layout(config_for(view.recipe, goal), view.recipe.architecture, view.recipe.cluster)
-        ahead = predict(view.recipe, goal_layout).tokens_per_sec_per_gpu / predict(view.recipe, incumbent).tokens_per_sec_per_gpu - 1
+        ahead = _predicted_gain(view.recipe, incumbent, goal)
         if ahead <= 0:
             return
         for c in candidates:
@@ -254,9 +251,7 @@ class LessonGuidedPlanner:
         goal = self._goal_levers(view)
         if goal is None or goal == view.incumbent:
             return None
-        recipe = view.recipe
-        there = predict(recipe, resolve_layout(config_for(recipe, goal), recipe.architecture, recipe.cluster))
-        gain = there.tokens_per_sec_per_gpu / predict(recipe, incumbent).tokens_per_sec_per_gpu - 1
+        gain = _predicted_gain(view.recipe, incumbent, goal)
         if gain <= floor or (view.affordable is not None and not view.affordable(goal)):
             return None
         moved = {k: v for k, v in goal.items() if incumbent.levers()[k] != v}
@@ -387,6 +382,12 @@ class LessonGuidedPlanner:
         cost = view.trial_cost_gpu_hours(levers) if view.trial_cost_gpu_hours else pred.step_time_s
         return Candidate(levers=levers, move=levers_move, predicted_gain=pred.tokens_per_sec_per_gpu / base_tps - 1,
                          cost=cost, lesson=lesson, note=note, numerics=self.gate.tier(recipe, levers)[1])
+
+
+def _predicted_gain(recipe: Recipe, incumbent: Layout, levers: dict[str, Scalar]) -> float:
+    """The public estimator's relative gain of these levers over the incumbent."""
+    there = predict(recipe, resolve_layout(config_for(recipe, levers), recipe.architecture, recipe.cluster))
+    return there.tokens_per_sec_per_gpu / predict(recipe, incumbent).tokens_per_sec_per_gpu - 1
 
 
 def gate_accepts(recipe: Recipe, levers: dict[str, Scalar]) -> bool:

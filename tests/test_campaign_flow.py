@@ -70,7 +70,9 @@ def test_kill_mid_campaign_then_resume_never_charges_twice(tmp_path):
                PREFECT_HOME=str(tmp_path / ".prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false")
     cmd = [sys.executable, "-m", "attune.cli.main", "tune", str(PUBLIC_8B), "--budget-gpu-hours", "60",
            "--json", "--quiet", "--replicates", "2", *FAST_GATE]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # its own process group: killing it kills the temporary Prefect server it started, too
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
     deadline = time.monotonic() + 120
     seen = 0
     while time.monotonic() < deadline and proc.poll() is None:
@@ -84,7 +86,7 @@ def test_kill_mid_campaign_then_resume_never_charges_twice(tmp_path):
                 break
         time.sleep(0.02)
     assert proc.poll() is None, "campaign finished before it could be killed"
-    os.kill(proc.pid, signal.SIGKILL)
+    os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     before = CampaignState.load(_state_files(tmp_path / ".attune")[0])
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)

@@ -107,6 +107,7 @@ def tune_campaign(recipe_path: str, budget_gpu_hours: float, stack: str = "sim",
                                 stack_options=dict(stack_options or {}), planner_options=dict(planner_options or {}))
     c = engine.open_campaign(recipe, settings)
     c.quiet, c.gpu_pool = quiet, gpu_pool
+    c.say = lambda text: _progress(c, text)
     if c.state.phase == "done" and c.state.result:
         return Completed(message=c.state.result["stop_reason"], data=c.state.result)
     tracker = Tracker(mlflow_uri)

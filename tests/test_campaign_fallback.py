@@ -135,10 +135,14 @@ def test_a_probe_runs_the_real_gate_once_and_the_final_gate_gives_its_verdict(wr
     for tps in (5000.0, 5050.0, 4950.0):
         record_trial(c, "baseline", base, _ok(recipe, base, tps))
     float8 = c.recipe.layout().levers() | {F8: "tensorwise"}
+    said: list[str] = []
+    c.say = said.append                      # the flow's progress lines
     passed = probe_layout(c, float8)
     assert [(p["levers"], p["passed"]) for p in c.state.gate_probes] == [(float8, passed)]
+    assert len(said) == 2 and "float8=tensorwise" in said[0] and said[1].startswith(
+        f"gate probe: {'passed' if passed else 'refused'}")
     assert "tier numerics" in c.state.gate_probes[0]["note"]          # the proxy ran: not a config refusal
-    assert probe_layout(c, float8) == passed and len(c.state.gate_probes) == 1
+    assert probe_layout(c, float8) == passed and len(c.state.gate_probes) == 1 and len(said) == 2
     assert GateJudge(c.recipe, c.state).verdict(float8) == (passed, True)
     record_trial(c, "trial", float8, _ok(c.recipe, float8, 6500.0))
     assert c.state.incumbent_record.levers == float8

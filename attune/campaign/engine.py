@@ -69,6 +69,7 @@ class Campaign:
     attempts: int = 0                       # attempts of the trial in flight (retries included)
     last_result: TrialResult | None = None  # its latest result, also when the last attempt failed
     quiet: bool = False                     # no progress lines
+    say: Any = None                         # callable(text): a progress line (the flow sets it)
     gpu_pool: str | None = None             # tag of the trial tasks: gpu-pool:<name> (concurrency limits)
     _costs: dict[tuple, float] = field(default_factory=dict, repr=False)
 

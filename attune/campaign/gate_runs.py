@@ -51,8 +51,18 @@ def probe_layout(c: Campaign, levers: dict[str, Any]) -> bool:
             return bool(probe["passed"])
     candidate = c.recipe.with_config(config_for(c.recipe, levers), name=f"{c.recipe.name}-probe")
     workdir = c.directory / "probes" / f"{len(c.state.gate_probes):02d}"
+    base = c.recipe.layout().levers()
+    moved = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in levers.items() if base.get(k) != v)
+    if c.say:
+        c.say(f"gate probe: the convergence check on the CPU proxy for {moved}, before any GPU trial of it")
     report = gate_report(c, candidate, workdir)
+    if c.say:
+        c.say(f"gate probe: {'passed' if report.get('passed') else 'refused'} ({_took(report)})")
     c.state.gate_probes.append({"levers": levers, "passed": bool(report.get("passed")),
                                 "seconds": report.get("seconds"), "note": report.get("note", "")})
     c.save()
     return bool(report.get("passed"))
+
+
+def _took(report: dict[str, Any]) -> str:
+    return "cached" if report.get("cached") else f"{report.get('seconds') or 0:.0f} s"

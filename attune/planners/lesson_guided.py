@@ -196,11 +196,10 @@ class LessonGuidedPlanner:
                                 f"over the incumbent, costs more than the {view.budget_left_gpu_hours:.1f} GPU-hours "
                                 f"left can pay with its confirmation ({self.stop_reason})")
             return None
-        moved = {k: v for k, v in goal.items() if incumbent.levers()[k] != v}
-        return Proposal(levers=dict(goal), move=moved, expected_gain=gain,
-                        rationale=f"rule goal-jump: no one-lever move is left worth a trial ({self.stop_reason}); "
-                                  f"the estimator's best layout the gate allows is {len(moved)} levers away and "
-                                  f"predicted {gain:+.1%}")
+        stuck = self.stop_reason
+        return _jump(incumbent, goal, gain, lambda n: f"rule goal-jump: no one-lever move is left worth a trial "
+                                                      f"({stuck}); the estimator's best layout the gate allows is "
+                                                      f"{n} levers away and predicted {gain:+.1%}")
 
     def _credit_goal(self, view: PlannerView, incumbent: Layout, candidates: list[Candidate]) -> None:
         """Credit each improving candidate with GOAL_WEIGHT x the goal's predicted gain over the
@@ -254,11 +253,10 @@ class LessonGuidedPlanner:
         gain = _predicted_gain(view.recipe, incumbent, goal)
         if gain <= floor or (view.affordable is not None and not view.affordable(goal)):
             return None
-        moved = {k: v for k, v in goal.items() if incumbent.levers()[k] != v}
-        return Proposal(levers=dict(goal), move=moved, expected_gain=gain,
-                        rationale=f"rule goal-first: the estimator's best layout the gate allows is {len(moved)} "
-                                  f"lever(s) from the baseline and predicted {gain:+.1%}: measured first, then "
-                                  f"refined one lever at a time{self.gate.note(goal)}")
+        note = self.gate.note(goal)
+        return _jump(incumbent, goal, gain, lambda n: f"rule goal-first: the estimator's best layout the gate allows "
+                                                      f"is {n} lever(s) from the baseline and predicted {gain:+.1%}: "
+                                                      f"measured first, then refined one lever at a time{note}")
 
     def _recompute_retry(self, view: PlannerView, last: Observation, tried: list) -> Proposal | None:
         if last.result.status.value != "oom":
@@ -382,6 +380,12 @@ class LessonGuidedPlanner:
         cost = view.trial_cost_gpu_hours(levers) if view.trial_cost_gpu_hours else pred.step_time_s
         return Candidate(levers=levers, move=levers_move, predicted_gain=pred.tokens_per_sec_per_gpu / base_tps - 1,
                          cost=cost, lesson=lesson, note=note, numerics=self.gate.tier(recipe, levers)[1])
+
+
+def _jump(incumbent: Layout, goal: dict[str, Scalar], gain: float, why) -> Proposal:
+    """The goal measured as it is; why(n) is the rationale, n the number of levers it moves."""
+    moved = {k: v for k, v in goal.items() if incumbent.levers()[k] != v}
+    return Proposal(levers=dict(goal), move=moved, expected_gain=gain, rationale=why(len(moved)))
 
 
 def _predicted_gain(recipe: Recipe, incumbent: Layout, levers: dict[str, Scalar]) -> float:

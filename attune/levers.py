@@ -80,3 +80,10 @@ def parse_set_flags(items: list[str] | None) -> dict[str, Scalar]:
         catalog = lever_catalog()
         out[key] = catalog[key].coerce(value) if key in catalog else value
     return out
+
+
+def levers_text(levers: dict[str, Any] | None) -> str:
+    """Levers as short text for people: the last part of each key, e.g. "tensor_parallel_degree=2, float8=rowwise"."""
+    if not levers:
+        return ""
+    return ", ".join(f"{k.split('.')[-1]}={v}" for k, v in levers.items())

@@ -16,7 +16,7 @@ from typing import Any
 
 from attune.campaign.engine import beats_incumbent, best_exact
 from attune.campaign.state import CampaignState
-from attune.campaign.tier import gate_verdict
+from attune.planners.gate_rules import GateRules, layout_key
 from attune.recipe import Recipe
 
 
@@ -46,18 +46,16 @@ class GateJudge:
 
     def __init__(self, recipe: Recipe, state: CampaignState):
         self.recipe = recipe
-        self.known = {_key(p["levers"]): bool(p["passed"]) for p in state.gate_probes}
-        self.known |= {_key(r["levers"]): False for r in state.rejected}
+        self.known = {layout_key(p["levers"]): bool(p["passed"]) for p in state.gate_probes}
+        self.known |= {layout_key(r["levers"]): False for r in state.rejected}
         if state.gate is not None and state.incumbent_record is not None:
-            self.known[_key(state.incumbent_record.levers)] = bool(state.gate.get("passed"))
-        self._memo: dict[tuple, tuple[bool, bool]] = {}
+            self.known[layout_key(state.incumbent_record.levers)] = bool(state.gate.get("passed"))
+        self._config = GateRules()   # the public config check, memoised as the planner's
 
     def verdict(self, levers: dict[str, Any]) -> tuple[bool, bool]:
         """(the gate passes it, it is in the numerics tier)."""
-        key = _key(levers)
-        if key not in self._memo:
-            self._memo[key] = gate_verdict(self.recipe, levers)
-        passes, numerics = self._memo[key]
+        key = layout_key(levers)
+        passes, numerics = self._config.tier(self.recipe, levers)
         if key in self.known:
             passes = self.known[key]
         elif numerics:
@@ -79,7 +77,3 @@ def shipped_trajectory(state: CampaignState, recipe: Recipe) -> list[tuple[float
                 ships = fallback
         out.append((spent, ships))
     return out
-
-
-def _key(levers: dict[str, Any]) -> tuple:
-    return tuple(sorted(levers.items()))

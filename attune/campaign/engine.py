@@ -15,6 +15,7 @@ from typing import Any
 
 from attune.campaign.budget import Budget, gpu_hours
 from attune.campaign.diagnosis import diagnose
+from attune.campaign.gate_runs import probe_layout
 from attune.campaign.noise import MIN_RELATIVE_SD, clears_band, gain_is_real, relative_sd, search_band
 from attune.campaign.state import CampaignState, PendingTrial, Role, TrialRecord, attune_home, campaign_id
 from attune.campaign.tier import gate_verdict
@@ -227,8 +228,6 @@ def baseline_failed(c: Campaign) -> str | None:
 
 
 def planner_view(c: Campaign) -> PlannerView:
-    from attune.campaign.gate_runs import probe_layout
-
     incumbent = c.state.incumbent_record
     history = [Observation(levers=t.levers, result=t.result, diagnosis=[s.id for s in t.diagnosis], move=t.move)
                for t in c.state.trials]

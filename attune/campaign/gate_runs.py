@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attune.campaign.state import attune_home
+from attune.levers import levers_text
 from attune.recipe import Recipe
 from attune.space import config_for
 
@@ -51,9 +52,9 @@ def probe_layout(c: Campaign, levers: dict[str, Any]) -> bool:
             return bool(probe["passed"])
     candidate = c.recipe.with_config(config_for(c.recipe, levers), name=f"{c.recipe.name}-probe")
     workdir = c.directory / "probes" / f"{len(c.state.gate_probes):02d}"
-    base = c.recipe.layout().levers()
-    moved = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in levers.items() if base.get(k) != v)
     if c.say:
+        base = c.recipe.layout().levers()
+        moved = levers_text({k: v for k, v in levers.items() if base.get(k) != v})
         c.say(f"gate probe: the convergence check on the CPU proxy for {moved}, before any GPU trial of it")
     report = gate_report(c, candidate, workdir)
     if c.say:

@@ -5,12 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from attune.campaign.engine import Campaign
-
-
-def _short(levers: dict[str, Any] | None) -> str:
-    if not levers:
-        return ""
-    return ", ".join(f"{k.split('.')[-1]}={v}" for k, v in levers.items())
+from attune.levers import levers_text
 
 
 def trial_table(c: Campaign) -> str:
@@ -22,7 +17,7 @@ def trial_table(c: Campaign) -> str:
         r = t.result
         gain = f"{t.tps / base_mean - 1:+.1%}" if (r.ok and base_mean) else ""
         mark = " **(incumbent)**" if t.index == c.state.incumbent else ""
-        rows.append(f"| {t.index} | {t.role}{mark} | {_short(t.move)} | {t.lesson_id or ''} | {r.status.value} | "
+        rows.append(f"| {t.index} | {t.role}{mark} | {levers_text(t.move)} | {t.lesson_id or ''} | {r.status.value} | "
                     f"{(r.tokens_per_sec_per_gpu or 0):,.0f} | {gain} | {(r.mfu or 0):.1%} | "
                     f"{(r.peak_memory_gib or 0):.1f} | {r.gpu_hours:.2f} | "
                     f"{', '.join(s.id for s in t.diagnosis)} |")
@@ -52,7 +47,7 @@ def report_markdown(c: Campaign, result: dict[str, Any]) -> str:
         f"- baseline {result['baseline']['tokens_per_sec_per_gpu']:,.0f} → best "
         f"{result['best']['tokens_per_sec_per_gpu']:,.0f} tokens/s/GPU ({result['gain']:+.1%}); "
         f"noise band {(result['noise_band'] or 0):.1%}",
-        f"- changed: {_short(changed) or 'nothing'}",
+        f"- changed: {levers_text(changed) or 'nothing'}",
         f"- GPU-hours {result['gpu_hours_used']:.1f} of {result['budget_gpu_hours']:.1f}; {result['trials']} trials",
         f"- payback: {payback:.1f} h of training on this cluster" if payback else "- payback: n/a (nothing shipped)",
         f"- gate: {'passed' if (result.get('gate') or {}).get('passed') else 'not passed' if result.get('gate') else 'not run'}",

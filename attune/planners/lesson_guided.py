@@ -232,11 +232,9 @@ class LessonGuidedPlanner:
                 if levers[FLOAT8] != float8 and (probed or not self.gate.numerics_allowed(levers)):
                     continue   # cheap: a float8 change always puts the candidate in the numerics tier
                 if self.gate.allows(view.recipe, levers):
-                    if not self.gate.tier(view.recipe, levers)[1]:
-                        self._goal = levers
-                        break
-                    probed = True   # one probe for the goal: if the proxy refuses it, an exact-tier goal
-                    if self.gate.numerics_pass(levers):
+                    numerics = self.gate.tier(view.recipe, levers)[1]
+                    probed = probed or numerics   # one probe for the goal: if refused, an exact-tier goal
+                    if not numerics or self.gate.numerics_pass(levers):
                         self._goal = levers
                         break
                 checks += 1

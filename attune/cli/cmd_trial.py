@@ -42,7 +42,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--warmup", type=int, default=3, help="steps not measured (compile, warm-up)")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--workdir", default="attune-trial", help="logs and outputs go here")
-    run.add_argument("--smoke-assets", action="store_true", help="use the shipped offline tokenizer and text")
+    run.add_argument("--smoke-assets", action="store_true", default=None,
+                     help="use the shipped offline tokenizer and text (always on for a cpu cluster)")
     run.set_defaults(func=_run)
 
 

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from attune.data_files import load_data, read_toml
 from attune.errors import InputError
 
-AcceleratorName = Literal["a100", "h100", "h200", "b200"]
+AcceleratorName = Literal["a100", "h100", "h200", "b200", "cpu"]
 
 
 class Accelerator(BaseModel):

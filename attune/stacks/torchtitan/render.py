@@ -13,6 +13,13 @@ ATTUNE's two lever keys:
   quantize.float8            -> `--override.imports` of the factories in overrides.py (0.3 builds
                                 float8 into the model spec, which has no command-line fields)
 Booleans are tyro flags (`--compile.enable` / `--compile.no-enable`), lists comma-separated.
+
+On a `cpu` cluster (torchtitan on a CPU-only machine, cpu.py) the launch differs in four places:
+`--module attune.stacks.torchtitan.cpu` (which keeps the recipe's --config), the CPU attention
+override first in `--override.imports`, `--parallelism.spmd_backend partial_dtensor` (FSDP's
+default spmd_types backend needs DTensors on the full SPMD mesh, which the CPU path does not
+build) and `torchrun --standalone` (a free local port, so that runs can overlap) with
+OMP_NUM_THREADS shared out between the processes.
 """
 
 from __future__ import annotations
@@ -37,6 +44,9 @@ FLOAT8_ON, FLOAT8_OFF = f"{OVERRIDES_MODULE}.float8_linear", f"{OVERRIDES_MODULE
 FLOAT8_RECIPES = ("rowwise", "rowwise_with_gw_hp")
 AC_SUBCOMMANDS = ("none", "selective", "full", "memory-budget")
 DEFAULT_PORT = 29500
+CPU_MODULE = "attune.stacks.torchtitan.cpu"
+CPU_ATTENTION = f"{CPU_MODULE}.cpu_attention"
+SPMD_BACKEND = "parallelism.spmd_backend"
 RDZV_FROM_ENV = "env"
 
 # Why each variable: fragmentation costs large models several GiB (torchtitan's run_train.sh
@@ -101,15 +111,21 @@ def _float8_imports(wanted: str, own: str) -> list[str]:
     return [f"{FLOAT8_ON}={json.dumps({'recipe_name': wanted})}"]
 
 
+def on_cpu(recipe: Recipe) -> bool:
+    return recipe.cluster.accelerator == "cpu"
+
+
 def train_args(recipe: Recipe, extra: dict[str, Any] | None = None) -> list[str]:
     """`--module M --config C` and the overrides, in the order torchtitan's CLI needs."""
     module, config_name = _torchtitan_launch(recipe)
     own = recipe_values(module, config_name) or {}
     config = canonical_config(dict(recipe.config)) | canonical_config(dict(extra or {}))
+    if on_cpu(recipe):
+        config.setdefault(SPMD_BACKEND, "partial_dtensor")
     # Companions follow the launch as rendered, trial extras included.
     layout = resolve_layout(config, recipe.architecture, recipe.cluster, check=False)
     config |= _companions(config, own, layout)
-    args: list[str] = ["--module", module, "--config", config_name]
+    args: list[str] = ["--module", CPU_MODULE if on_cpu(recipe) else module, "--config", config_name]
     for key in sorted(config):
         value = config[key]
         if key in (AC_MODE, FLOAT8, OVERRIDE_IMPORTS):
@@ -121,6 +137,8 @@ def train_args(recipe: Recipe, extra: dict[str, Any] | None = None) -> list[str]
     imports = _split(config.get(OVERRIDE_IMPORTS, own.get(OVERRIDE_IMPORTS, "")))
     imports += _float8_imports(str(config.get(FLOAT8, own.get(FLOAT8, "none"))),
                                str(own.get(FLOAT8, "none")))
+    if on_cpu(recipe) and CPU_ATTENTION not in imports:
+        imports.insert(0, CPU_ATTENTION)
     if imports != _split(own.get(OVERRIDE_IMPORTS, "")):
         args += ["--override.imports", *imports]
     mode = str(config.get(AC_MODE, own.get(AC_MODE, "selective")))
@@ -174,12 +192,18 @@ def render_launch(recipe: Recipe, *, extra: dict[str, Any] | None = None, env: d
     cluster = recipe.cluster
     per_node = cluster.node_size
     nnodes = cluster.gpus // per_node
-    endpoint, run_id = rendezvous(nnodes, rdzv_endpoint, rdzv_id, recipe.name)
     targs = train_args(recipe, extra)
-    where = [] if endpoint == RDZV_FROM_ENV else ["--rdzv-endpoint", endpoint]
-    argv = ["torchrun", "--nnodes", str(nnodes), "--nproc-per-node", str(per_node),
-            "--rdzv-backend", "c10d", *where, "--rdzv-id", run_id,
+    base_env = dict(BASE_ENV)
+    if on_cpu(recipe) and nnodes == 1:
+        # One machine's cores: each process gets its share, and a free port of its own.
+        where = ["--standalone"]
+        base_env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // per_node))
+    else:
+        endpoint, run_id = rendezvous(nnodes, rdzv_endpoint, rdzv_id, recipe.name)
+        where = (["--rdzv-backend", "c10d"] + ([] if endpoint == RDZV_FROM_ENV else ["--rdzv-endpoint", endpoint])
+                 + ["--rdzv-id", run_id])
+    argv = ["torchrun", "--nnodes", str(nnodes), "--nproc-per-node", str(per_node), *where,
             "--local-ranks-filter", "0", "--role", "rank", "--tee", "3",
             "-m", "torchtitan.train", *targs]
-    return Launch(argv=argv, env=dict(BASE_ENV) | dict(env or {}), train_args=targs,
+    return Launch(argv=argv, env=base_env | dict(env or {}), train_args=targs,
                   nnodes=nnodes, nproc_per_node=per_node)

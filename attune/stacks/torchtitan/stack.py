@@ -27,7 +27,7 @@ from attune.stacks.base import TrialResult, TrialStatus
 from attune.stacks.torchtitan import smoke_assets
 from attune.stacks.torchtitan.log_parser import measured, median_or_none
 from attune.stacks.torchtitan.recipe_values import recipe_values
-from attune.stacks.torchtitan.render import Launch, canonical_config, render_launch
+from attune.stacks.torchtitan.render import Launch, canonical_config, on_cpu, render_launch
 from attune.stacks.torchtitan.runner import RunLimits, RunOutcome, run_process
 from attune.stacks.torchtitan.validate import torchtitan_available, validate_batch
 
@@ -36,6 +36,7 @@ Executor = Callable[[Launch, Path, RunLimits, Path], RunOutcome]
 
 # Conservative planning figures for estimate_wall_time_s (a budget check must not underestimate).
 STARTUP_S, COMPILE_S, INIT_S_PER_B_PARAMS = 120.0, 240.0, 0.5
+CPU_STARTUP_S, CPU_COMPILE_S = 30.0, 120.0  # measured about 8 s and 60 s for the debug model on 2 cores
 MFU_FLOOR = 0.15
 RECOMPUTE_FACTOR = {"none": 1.0, "selective": 1.15, "full": 4.0 / 3.0, "memory-budget": 1.2}
 
@@ -70,9 +71,9 @@ class TorchtitanStack:
         self.executor = executor or local_executor
         self.pool, self.quiet = pool, quiet
         self.warmup_steps = warmup_steps
-        if smoke_assets is None:
-            smoke_assets = os.environ.get("ATTUNE_TORCHTITAN_SMOKE_ASSETS", "") not in ("", "0", "false")
-        self.smoke_assets = smoke_assets
+        if smoke_assets is None and os.environ.get("ATTUNE_TORCHTITAN_SMOKE_ASSETS", ""):
+            smoke_assets = os.environ["ATTUNE_TORCHTITAN_SMOKE_ASSETS"] not in ("0", "false")
+        self.smoke_assets = smoke_assets  # None: on for CPU clusters (no hub there), off elsewhere
         self.validate = validate
         self.startup_timeout_s = startup_timeout_s
         self.stall_timeout_s = stall_timeout_s
@@ -99,13 +100,16 @@ class TorchtitanStack:
         }
         if full_length and "lr_scheduler.total_steps" not in config:
             extra["lr_scheduler.total_steps"] = int(full_length)
-        if self.smoke_assets:
+        if self.uses_smoke_assets(recipe):
             extra |= smoke_assets.materialize(Path(workdir) / "assets")
         return extra | self.extra_config
 
+    def uses_smoke_assets(self, recipe: Recipe) -> bool:
+        return on_cpu(recipe) if self.smoke_assets is None else self.smoke_assets
+
     def launch(self, recipe: Recipe, steps: int, seed: int, workdir: Path) -> Launch:
         env = dict(self.env)
-        if self.smoke_assets:
+        if self.uses_smoke_assets(recipe):
             env |= smoke_assets.OFFLINE_ENV | {"HF_DATASETS_CACHE": str(Path(workdir) / "hf_datasets_cache")}
         return render_launch(recipe, extra=self.trial_config(recipe, steps, seed, workdir), env=env,
                              rdzv_endpoint=self.rdzv_endpoint, rdzv_id=f"attune-{recipe.name}-{seed}")
@@ -127,7 +131,8 @@ class TorchtitanStack:
         peak = (part.peak_fp8_tflops if layout.float8 != "none" and part.supports_float8 else part.peak_bf16_tflops)
         flops = 6.0 * arch.active_params * layout.tokens_per_step * RECOMPUTE_FACTOR.get(layout.ac_mode, 4.0 / 3.0)
         step_s = flops / (recipe.cluster.gpus * peak * 1e12 * MFU_FLOOR)
-        startup = STARTUP_S + INIT_S_PER_B_PARAMS * arch.total_params / 1e9 + (COMPILE_S if layout.compile else 0.0)
+        base_s, compile_s = (CPU_STARTUP_S, CPU_COMPILE_S) if on_cpu(recipe) else (STARTUP_S, COMPILE_S)
+        startup = base_s + INIT_S_PER_B_PARAMS * arch.total_params / 1e9 + (compile_s if layout.compile else 0.0)
         seen_startup = self._startup_s.get(self._startup_key(recipe))
         seen_step = self._step_s.get(self._key(recipe))
         if seen_startup is not None:

@@ -22,6 +22,7 @@ import json
 import math
 import os
 import re
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -164,3 +165,21 @@ def write_curve(path: Path, rows: list[dict], step1: dict | None = None) -> None
 
 def write_manifest(folder: Path, manifest: dict) -> None:
     _atomic_write(folder / "manifest.json", json.dumps(manifest, indent=1, sort_keys=True))
+
+
+def write_folder(folder: Path, runs: dict[str, tuple[list[dict], dict | None]], manifest: dict,
+                 runs_info: dict[str, dict]) -> Path:
+    """A whole curves folder (name -> (rows, step-1 record)), built beside its final place and
+    renamed: never half-written. runs_info goes to runs.json (what each run was, how long it took)."""
+    folder = Path(folder)
+    tmp = folder.with_name(f".{folder.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for name, (rows, step1) in runs.items():
+        write_curve(tmp / f"{name}.csv", rows, step1)
+    write_manifest(tmp, manifest)
+    (tmp / "runs.json").write_text(json.dumps(runs_info, indent=1, default=str))
+    if folder.exists():
+        shutil.rmtree(folder)
+    tmp.replace(folder)
+    return folder

@@ -1,8 +1,12 @@
-"""`attune gate eval`: run the fault and legitimate suites (gate/suite.toml) through the whole gate.
+"""`attune gate eval`: run the fault and legitimate suites through the whole gate.
 
+Two suites, one per trainer the convergence check can read:
+  proxy       gate/suite.toml: the CPU proxy (the sim stack's check), faults injected into the proxy
+  torchtitan  gate/suite_torchtitan.toml: real torchtitan runs, faults injected into torchtitan by
+              override modules (attune/stacks/torchtitan/faults.py)
 Every case is built from the suite's base recipe by the lever moves (with their compensations)
 and raw config fields it names; the config check runs on the recipes, and when it passes the
-proxy trains the candidate (with the case's injected faults) against the baseline replicates,
+trainer runs the candidate (with the case's injected faults) against the baseline replicates,
 shared by all cases. A fault is caught when the gate fails it; a legitimate case rejected is a
 false reject. Per case the report says which checks fired, by kind.
 """
@@ -23,8 +27,9 @@ from attune.recipe import Recipe, recipe_from_dict
 from gate.config_check import check_config
 from gate.pipeline import DEFAULT_STEPS, converge
 
-SUITE_FILE = Path(__file__).with_name("suite.toml")
-QUICK_STEPS = 12
+SUITE_FILES = {"proxy": Path(__file__).with_name("suite.toml"),
+               "torchtitan": Path(__file__).with_name("suite_torchtitan.toml")}
+QUICK_STEPS = {"proxy": 12, "torchtitan": 8}
 QUICK_REPLICATES = 3
 
 
@@ -57,15 +62,17 @@ class EvalReport(BaseModel):
     seed: int
     seconds: float
     per_case: list[CaseResult]
+    trainer: str = "proxy"       # whose runs the convergence check read
+    gpu_hours: float = 0.0       # what the torchtitan runs held (processes x wall time)
 
 
 @functools.cache
-def suite() -> dict:
-    return tomllib.loads(SUITE_FILE.read_text())
+def suite(trainer: str = "proxy") -> dict:
+    return tomllib.loads(SUITE_FILES[trainer].read_text())
 
 
-def base_recipe() -> Recipe:
-    return recipe_from_dict(tomllib.loads(suite()["base"]), origin="gate/suite.toml base")
+def base_recipe(trainer: str = "proxy") -> Recipe:
+    return recipe_from_dict(tomllib.loads(suite(trainer)["base"]), origin=f"{SUITE_FILES[trainer].name} base")
 
 
 def case_recipe(base: Recipe, case: dict) -> Recipe:
@@ -78,7 +85,7 @@ def case_recipe(base: Recipe, case: dict) -> Recipe:
 
 
 def _case(case: dict, base: Recipe, workdir: Path, steps: int, replicates: int, workers: int,
-          seed: int) -> CaseResult:
+          seed: int, runner=None) -> CaseResult:
     start = time.perf_counter()
     candidate = case_recipe(base, case)
     config = check_config(base, candidate)
@@ -86,13 +93,22 @@ def _case(case: dict, base: Recipe, workdir: Path, steps: int, replicates: int, 
     if not config.passed:
         fired = sorted({"config" for _ in config.violations} | {"defect" for _ in config.defects})
         names = [v.field for v in config.violations] + [d.id for d in config.defects]
+    elif runner is not None:  # the real trainer
+        from gate import torchtitan_runs
+        verdict, failure = torchtitan_runs.converge(base, candidate, config, workdir / case["id"], steps, seed,
+                                                    runner, replicates, faults=tuple(case.get("faults", ())))
+        if verdict is None:
+            fired, names = ["run"], [failure]
+        else:
+            kinds = {c.name: c.kind for c in verdict.checks}
+            fired, names = sorted({kinds[n] for n in verdict.fired}), verdict.fired
     else:
         verdict = converge(base, candidate, config, workdir / case["id"], steps, replicates, seed=seed,
                            faults=tuple(case.get("faults", ())), workers=workers)
         kinds = {c.name: c.kind for c in verdict.checks}
         fired = sorted({kinds[n] for n in verdict.fired})
         names = verdict.fired
-    rejected = not config.passed or not verdict.passed
+    rejected = not config.passed or verdict is None or not verdict.passed
     fault = case["kind"] == "fault"
     legit = case["kind"] == "legit"
     return CaseResult(id=case["id"], kind=case["kind"], label=case["label"], rejected=rejected,
@@ -102,17 +118,33 @@ def _case(case: dict, base: Recipe, workdir: Path, steps: int, replicates: int, 
 
 
 def evaluate(steps: int | None = None, quick: bool = False, workdir: Path | None = None,
-             workers: int = 1, only: list[str] | None = None, seed: int = 0) -> EvalReport:
+             workers: int = 1, only: list[str] | None = None, seed: int = 0, trainer: str = "proxy",
+             say=None) -> EvalReport:
     """The suite through the whole gate. `seed` is the shared initial-weights seed of every run;
-    other seeds give independent realisations (a false-reject rate, not just one verdict)."""
+    other seeds give independent realisations (a false-reject rate, not just one verdict).
+    trainer="torchtitan" runs the real-trainer suite (torchtitan on this machine's CPU)."""
     start = time.perf_counter()
-    steps = steps or (QUICK_STEPS if quick else DEFAULT_STEPS)
-    replicates = QUICK_REPLICATES if quick else 3
-    cases = [c for c in suite()["cases"] if (c["id"] in only if only else not quick or c.get("quick"))]
-    base = base_recipe()
+    runner = None
+    if trainer == "torchtitan":
+        from gate import torchtitan_runs
+        steps = steps or (QUICK_STEPS[trainer] if quick else torchtitan_runs.DEFAULT_STEPS)
+        replicates = torchtitan_runs.REPLICATES
+    else:
+        steps = steps or (QUICK_STEPS[trainer] if quick else DEFAULT_STEPS)
+        replicates = QUICK_REPLICATES if quick else 3
+    cases = [c for c in suite(trainer)["cases"] if (c["id"] in only if only else not quick or c.get("quick"))]
+    base = base_recipe(trainer)
     with tempfile.TemporaryDirectory(prefix="attune-gate-eval-") as tmp:
         root = Path(workdir) if workdir is not None else Path(tmp)
-        results = [_case(c, base, root, steps, replicates, workers, seed) for c in cases]
+        if trainer == "torchtitan":
+            from attune.stacks.torchtitan.stack import TorchtitanStack
+            runner = torchtitan_runs.TorchtitanGateRunner(TorchtitanStack(quiet=True), root, say)
+        results = []
+        for c in cases:
+            results.append(_case(c, base, root, steps, replicates, workers, seed, runner))
+            if say:
+                r = results[-1]
+                say(f"gate eval {r.id}: {'rejected' if r.rejected else 'passed'} ({r.seconds:.0f} s)")
     faults = [r for r in results if r.kind == "fault"]
     legit = [r for r in results if r.kind == "legit"]
     numerics = [r for r in results if r.kind == "numerics"]
@@ -122,7 +154,8 @@ def evaluate(steps: int | None = None, quick: bool = False, workdir: Path | None
                       caught_config_only=len(caught) - len(runtime), legit=len(legit),
                       false_rejects=sum(1 for r in legit if r.false_reject), numerics=len(numerics),
                       numerics_rejected=sum(1 for r in numerics if r.rejected), steps=steps, seed=seed,
-                      seconds=round(time.perf_counter() - start, 1), per_case=results)
+                      seconds=round(time.perf_counter() - start, 1), per_case=results, trainer=trainer,
+                      gpu_hours=round(runner.gpu_hours, 4) if runner else 0.0)
 
 
 def table(report: EvalReport) -> str:
@@ -142,5 +175,5 @@ def table(report: EvalReport) -> str:
                  f"{report.caught_config_only} by the config check alone); legitimate: "
                  f"{report.legit - report.false_rejects}/{report.legit} passed, {report.false_rejects} false "
                  f"rejects; numerics changes: {report.numerics_rejected}/{report.numerics} rejected; "
-                 f"{report.steps} steps; {report.seconds:.0f} s")
+                 f"{report.steps} steps; {report.seconds:.0f} s; trainer {report.trainer}")
     return "\n".join(lines)

@@ -95,3 +95,5 @@ class GateReport(BaseModel):
     steps_used: int | None = None
     plot: str | None = None
     seconds: float | None = None
+    trainer: str = "proxy"        # whose curves the convergence check read: proxy | torchtitan
+    gpu_hours: float = 0.0        # what the gate's own runs held (the proxy runs on the CPU: 0)

@@ -14,9 +14,7 @@ on those batches (with one, the proxy study rejected 5 of 5 benign layouts).
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import shutil
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -27,7 +25,7 @@ from attune.proxy.train import ProxyRun, run
 from attune.recipe import Recipe
 from gate.config_check import check_config
 from gate.convergence import check_convergence
-from gate.curves import write_curve, write_manifest
+from gate.curves import write_folder as write_curves_folder
 from gate.models import ConfigVerdict, GateReport
 
 DEFAULT_STEPS = 40
@@ -107,20 +105,10 @@ def run_all(configs: list[ProxyConfig], workers: int = 1) -> list[ProxyRun]:
 
 
 def write_folder(folder: Path, runs: dict[str, ProxyRun], manifest: dict) -> Path:
-    """The curves folder, built beside its final place and renamed: never half-written."""
-    folder = Path(folder)
-    tmp = folder.with_name(f".{folder.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    for name, result in runs.items():
-        write_curve(tmp / f"{name}.csv", [r.model_dump() for r in result.rows], result.step1)
-    write_manifest(tmp, manifest)
-    (tmp / "runs.json").write_text(json.dumps({n: r.config.model_dump() | {"seconds": round(r.seconds, 2)}
-                                               for n, r in runs.items()}, indent=1))
-    if folder.exists():
-        shutil.rmtree(folder)
-    tmp.replace(folder)
-    return folder
+    """The curves folder of proxy runs."""
+    return write_curves_folder(folder, {n: ([r.model_dump() for r in run.rows], run.step1) for n, run in runs.items()},
+                               manifest, {n: r.config.model_dump() | {"seconds": round(r.seconds, 2)}
+                                          for n, r in runs.items()})
 
 
 def _curves_only(verdict) -> bool:

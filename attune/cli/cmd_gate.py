@@ -1,7 +1,11 @@
 """`attune gate`: the correctness gate from the command line.
 
-  attune gate [check] --baseline A.toml --candidate B.toml [--curves DIR | --proxy] [--json]
-  attune gate eval [--steps N] [--quick] [--json]
+  attune gate [check] --baseline A.toml --candidate B.toml [--curves DIR | --proxy | --stack torchtitan] [--json]
+  attune gate eval [--stack sim|torchtitan] [--steps N] [--quick] [--json]
+
+--stack says whose training runs the convergence check reads: sim (default) trains the CPU proxy,
+torchtitan runs the recipes' own trainer (real torchtitan runs; on a CPU-only machine, on CPU
+processes) and charges them as GPU-hours.
 
 One parser with an optional action, so the bare form (`attune gate --baseline ...`) and the
 sub-action form (`attune gate eval ...`) both parse as written. Exit codes: 0 the gate passed,
@@ -26,8 +30,8 @@ _EVAL_ONLY = ("quick", "only", "workers")
 def register(subparsers: argparse._SubParsersAction) -> None:
     gate = subparsers.add_parser(
         "gate", help="correctness gate: config check, known defects, convergence (or `gate eval`: its fault suite)",
-        description="attune gate [check] --baseline A --candidate B [--curves DIR | --proxy] [--json]\n"
-                    "attune gate eval [--steps N] [--quick] [--json]",
+        description="attune gate [check] --baseline A --candidate B [--curves DIR | --proxy | --stack torchtitan] "
+                    "[--json]\nattune gate eval [--stack sim|torchtitan] [--steps N] [--quick] [--json]",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     gate.add_argument("action", nargs="?", choices=("check", "eval"), default="check",
                       help="check (default): judge a candidate; eval: run the fault and legitimate suites")
@@ -36,8 +40,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     gate.add_argument("--curves", metavar="DIR", help="curves folder: baseline-1.csv ... and candidate.csv (check)")
     gate.add_argument("--proxy", action="store_true",
                       help="train real curves on the CPU proxy and run the convergence check on them (check)")
-    gate.add_argument("--workdir", metavar="DIR", help="where --proxy / eval write curves and plots")
-    gate.add_argument("--steps", type=int, metavar="N", help="proxy steps (default 40; eval --quick: 12)")
+    gate.add_argument("--stack", choices=("sim", "torchtitan"), default="sim",
+                      help="whose runs the convergence check reads: sim = the CPU proxy (default), "
+                           "torchtitan = real torchtitan runs of the recipes")
+    gate.add_argument("--workdir", metavar="DIR", help="where --proxy / --stack torchtitan / eval write curves and plots")
+    gate.add_argument("--steps", type=int, metavar="N",
+                      help="steps per run (proxy: 40, eval --quick 12; torchtitan: 20, eval --quick 8)")
     gate.add_argument("--quick", action="store_true", help="eval: a small subset at few steps (for tests)")
     gate.add_argument("--only", metavar="IDS", help="eval: comma-separated case ids")
     gate.add_argument("--workers", type=int, metavar="N", help="eval: proxy runs in parallel processes (default 1)")
@@ -74,8 +82,15 @@ def _check(args: argparse.Namespace) -> int:
             raise InputError(f"--{flag}", "required (attune gate --baseline A.toml --candidate B.toml)")
     if args.curves and args.proxy:
         raise InputError("--curves", "give either --curves DIR or --proxy, not both")
+    if args.stack == "torchtitan" and (args.curves or args.proxy):
+        raise InputError("--stack", "torchtitan makes its own curves: drop --curves / --proxy")
     baseline, candidate = load_recipe(args.baseline), load_recipe(args.candidate)
-    if args.proxy:
+    if args.stack == "torchtitan":
+        from gate.torchtitan_runs import verify as verify_torchtitan
+
+        report = verify_torchtitan(baseline, candidate, Path(args.workdir or "gate-run"), steps=args.steps,
+                                   seed=args.seed or 0, say=_say(args))
+    elif args.proxy:
         from gate.pipeline import verify
 
         report = verify(baseline, candidate, Path(args.workdir or "gate-run"), steps=args.steps, seed=args.seed or 0)
@@ -98,6 +113,11 @@ def _check(args: argparse.Namespace) -> int:
     return 0 if report.passed else 1
 
 
+def _say(_args: argparse.Namespace):
+    """Progress lines on stderr (torchtitan runs take seconds each; a suite takes minutes)."""
+    return lambda line: print(f"[attune] {line}", file=sys.stderr, flush=True)
+
+
 def _text(report) -> str:
     lines = [f"gate: {'PASS' if report.passed else 'FAIL'} ({report.note})"]
     for v in report.config.violations:
@@ -118,15 +138,16 @@ def _eval(args: argparse.Namespace) -> int:
 
     only = [s.strip() for s in args.only.split(",")] if args.only else None
     if only:
-        known = {c["id"] for c in suite()["cases"]}
+        known = {c["id"] for c in suite("torchtitan" if args.stack == "torchtitan" else "proxy")["cases"]}
         unknown = [s for s in only if s not in known]
         if unknown:
             raise InputError("--only", f"unknown case id {unknown[0]!r}")
     workers = 1 if args.workers is None else args.workers
     if workers < 1:
         raise InputError("--workers", f"must be >= 1, got {workers}")
+    trainer = "torchtitan" if args.stack == "torchtitan" else "proxy"
     report = evaluate(steps=args.steps, quick=args.quick, workdir=Path(args.workdir) if args.workdir else None,
-                      workers=workers, only=only, seed=args.seed or 0)
+                      workers=workers, only=only, seed=args.seed or 0, trainer=trainer, say=_say(args))
     if args.json:
         json.dump(report.model_dump(mode="json"), sys.stdout)
         sys.stdout.write("\n")

@@ -1,0 +1,265 @@
+"""What a gate run of torchtitan 0.3 records, loaded as an override:
+
+    --override.imports attune.stacks.torchtitan.recorder.gate_run      (env ATTUNE_GATE_RUN=settings.json)
+
+The convergence check compares a candidate's curves with the baseline replicates' (gate/). For
+that comparison to mean something on the real trainer, a gate run fixes what a layout change
+would otherwise change for reasons that have nothing to do with correctness, and records what the
+loss curve cannot show (gate-study.md: Adam hides constant gradient-scale faults from the loss):
+
+  same weights   every parameter starts from the same seeded draw, by its name, whatever its
+                 sharding (torchtitan's DTensor init draws differently under TP and FSDP)
+  same batches   GateOrderLoader composes each optimizer step's global batch as torchtitan's own
+                 loader would at `order_dp` data-parallel ranks, then hands each rank its slice
+                 (by rank and accumulation micro-step), so TP/FSDP/HSDP/accumulation moves see
+                 the same samples; a different `order_dp` is a different data order on purpose
+  per step       loss and pre-clip gradient norm at full precision (what the metrics line
+                 prints rounded), the post-clip norm the optimizer sees, the update norm, the
+                 learning rate, an order-independent hash of the global batch, its valid tokens
+  step 1         per-group gradient and update norms and a random projection of each group's
+                 gradient (the sketch): these catch a gradient that is scaled, rounded or missing
+                 a rank's share even where the first loss is the same
+
+Settings (a JSON file named by ATTUNE_GATE_RUN): record (the JSON-lines file rank 0 writes, one
+line per step), order_dp, global_batch (samples per optimizer step), max_norm, init_seed. Like
+cpu.py and overrides.py it imports torch and torchtitan only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.utils.data import IterableDataset
+
+from torchtitan.components import metrics as tt_metrics
+from torchtitan.components.loss import IGNORE_INDEX
+from torchtitan.config import derive, override
+from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader, HuggingFaceTextDataset
+
+SETTINGS_ENV = "ATTUNE_GATE_RUN"
+INIT_STD = 0.02          # the classic transformer init for every matrix; vectors (norms) keep theirs
+SKETCH_DIM = 4           # random projections per parameter group
+GROUPS = ("tok_embeddings", "attention", "feed_forward", "norm", "output")
+
+# Global batch hashes and valid-token counts, in step order, as the loader composes them.
+_BATCHES: list[tuple[str, int]] = []
+_INSTALLED = False
+
+
+def _settings() -> dict:
+    path = os.environ.get(SETTINGS_ENV)
+    if not path:
+        raise RuntimeError(f"{SETTINGS_ENV} must name the gate run's settings file")
+    return json.loads(Path(path).read_text())
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def group_of(name: str) -> str:
+    for group in GROUPS:
+        if group in name:
+            return group
+    return "other"
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def _sample_digest(sample) -> bytes:
+    inputs, labels = sample
+    return hashlib.sha1(inputs["input"].numpy().tobytes() + labels.numpy().tobytes()).digest()
+
+
+# ---- same batches --------------------------------------------------------------------------------
+
+class _GlobalOrder(IterableDataset):
+    """This rank's samples of each global batch, in (accumulation micro-step, rank) order."""
+
+    def __init__(self, sources: list[HuggingFaceTextDataset], global_batch: int, local_batch: int,
+                 dp_rank: int, dp_world: int):
+        if global_batch % len(sources) or global_batch % (local_batch * dp_world):
+            raise ValueError(f"gate run: global batch {global_batch} does not split into {len(sources)} "
+                             f"data-order ranks and micro-batches of {local_batch} x {dp_world} ranks")
+        self.sources, self.global_batch, self.local_batch = sources, global_batch, local_batch
+        self.dp_rank, self.dp_world = dp_rank, dp_world
+
+    def __iter__(self):
+        streams = [iter(source) for source in self.sources]
+        per_source = self.global_batch // len(self.sources)
+        micro_steps = self.global_batch // (self.local_batch * self.dp_world)
+        while True:
+            batch = [next(stream) for stream in streams for _ in range(per_source)]
+            digest = hashlib.sha1(b"".join(sorted(_sample_digest(s) for s in batch))).hexdigest()[:16]
+            _BATCHES.append((digest, int(sum((labels != IGNORE_INDEX).sum() for _, labels in batch))))
+            for micro in range(micro_steps):
+                start = (micro * self.dp_world + self.dp_rank) * self.local_batch
+                yield from batch[start:start + self.local_batch]
+
+
+class GateOrderLoader(HuggingFaceTextDataLoader):
+    """torchtitan's text loader with the data order of `order_dp` ranks, whatever the layout."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(HuggingFaceTextDataLoader.Config):
+        order_dp: int = 1
+        global_batch: int = 0
+
+    def __init__(self, config: Config, *, dp_world_size: int, dp_rank: int, tokenizer, seq_len: int,
+                 local_batch_size: int, snapshot_every_n_steps: int | None = 1, **kwargs):
+        sources = [HuggingFaceTextDataset(dataset_name=config.dataset, dataset_path=config.dataset_path,
+                                          tokenizer=tokenizer, seq_len=seq_len, dp_rank=i,
+                                          dp_world_size=config.order_dp, infinite=config.infinite)
+                   for i in range(config.order_dp)]
+        ordered = _GlobalOrder(sources, config.global_batch or local_batch_size * dp_world_size,
+                               local_batch_size, dp_rank, dp_world_size)
+        # The parent's __init__ builds one sharded dataset; skip it and build the loader on ours.
+        super(HuggingFaceTextDataLoader, self).__init__(
+            ordered, dp_rank=dp_rank, dp_world_size=dp_world_size, num_workers=0,
+            persistent_workers=False, pin_memory=False, prefetch_factor=None,
+            snapshot_every_n_steps=snapshot_every_n_steps, batch_size=local_batch_size)
+
+
+def _lr(optimizer) -> float | None:
+    """The learning rate this step used (the container's groups carry none; its optimizers do)."""
+    for opt in [optimizer, *getattr(optimizer, "optimizers", [])]:
+        for group in opt.param_groups:
+            if "lr" in group:
+                return float(group["lr"])
+    return None
+
+
+# ---- same weights, and what each step records ----------------------------------------------------
+
+# Wrappers that recomputation and compilation put around a module rename its parameters
+# (layers.0._checkpoint_wrapped_module.attention.wqkv.weight): a weight is seeded by its name
+# without them, or "no recomputation" would start from other weights than "selective".
+_WRAPPER_SEGMENTS = ("_checkpoint_wrapped_module", "_orig_mod", "_fsdp_wrapped_module")
+
+
+def canonical_name(name: str) -> str:
+    return ".".join(part for part in name.split(".") if part not in _WRAPPER_SEGMENTS)
+
+
+class _Recorder:
+    def __init__(self, settings: dict):
+        self.path = Path(settings["record"])
+        self.max_norm = settings.get("max_norm")
+        self.init_seed = int(settings.get("init_seed", 0))
+        self.names: dict[int, str] = {}
+        self.step = 0
+        self.current: dict = {}
+        self.before: dict[int, torch.Tensor] = {}
+        self.depth = 0  # torchtitan's OptimizersContainer is an Optimizer wrapping Optimizers: hooks nest
+        self._first_forward = torch.nn.modules.module.register_module_forward_pre_hook(self._reinit)
+
+    # Same weights: on the first forward of the root module, before FSDP gathers anything.
+    @torch.no_grad()
+    def _reinit(self, module, args):
+        self._first_forward.remove()
+        for raw, param in module.named_parameters():
+            name = canonical_name(raw)
+            self.names[id(param)] = name
+            if param.dim() < 2:
+                continue  # norm weights: constants, the same under every layout
+            gen = torch.Generator().manual_seed(self.init_seed * 1_000_003 + zlib.crc32(name.encode()))
+            full = torch.randn(tuple(param.shape), generator=gen, dtype=torch.float32) * INIT_STD
+            if isinstance(param, DTensor):
+                local = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()
+                param.to_local().copy_(local)
+            else:
+                param.copy_(full)
+
+    def _params(self, optimizer):
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                yield self.names.get(id(param), f"param{id(param)}"), param
+
+    @torch.no_grad()
+    def pre_step(self, optimizer, args, kwargs):
+        self.depth += 1
+        if self.depth > 1:
+            return
+        self.step += 1
+        grads = {name: _full(p.grad).float() for name, p in self._params(optimizer) if p.grad is not None}
+        record = {"step": self.step, "post_clip_norm": float(torch.sqrt(sum((g * g).sum() for g in grads.values())))}
+        if self.step == 1:
+            record["group_grad_norms"] = self._group_norms(grads)
+            record["grad_sketch"] = self._sketch(grads)
+        self.before = {id(p): _full(p).detach().float().clone() for _, p in self._params(optimizer)}
+        self.current = record
+
+    @torch.no_grad()
+    def post_step(self, optimizer, args, kwargs):
+        self.depth -= 1
+        if self.depth > 0:
+            return
+        deltas = {name: _full(p).detach().float() - self.before[id(p)] for name, p in self._params(optimizer)}
+        self.current["update_norm"] = float(torch.sqrt(sum((d * d).sum() for d in deltas.values())))
+        self.current["lr"] = _lr(optimizer)
+        if self.current["step"] == 1:
+            self.current["group_update_norms"] = self._group_norms(deltas)
+        self.before = {}
+
+    @staticmethod
+    def _group_norms(tensors: dict[str, torch.Tensor]) -> dict[str, float]:
+        squares: dict[str, float] = {}
+        for name, t in tensors.items():
+            squares[group_of(name)] = squares.get(group_of(name), 0.0) + float((t * t).sum())
+        return {g: s ** 0.5 for g, s in sorted(squares.items())}
+
+    def _sketch(self, grads: dict[str, torch.Tensor]) -> dict[str, list[float]]:
+        sketch: dict[str, torch.Tensor] = {}
+        for name, g in sorted(grads.items()):
+            gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+            proj = torch.randn((SKETCH_DIM, g.numel()), generator=gen) @ g.reshape(-1)
+            sketch[group_of(name)] = sketch.get(group_of(name), 0) + proj
+        return {k: [float(x) for x in v] for k, v in sketch.items()}
+
+    def on_log(self, step: int, loss: float, grad_norm: float) -> None:
+        record = dict(self.current) | {"step": step, "loss": float(loss), "grad_norm": float(grad_norm)}
+        if self.max_norm:
+            record["max_norm"] = float(self.max_norm)
+        if 0 < step <= len(_BATCHES):
+            record["batch_hash"], record["valid_tokens"] = _BATCHES[step - 1]
+        if _rank() == 0:
+            with self.path.open("a") as out:
+                out.write(json.dumps(record) + "\n")
+
+
+def _install(recorder: _Recorder) -> None:
+    register_optimizer_step_pre_hook(recorder.pre_step)
+    register_optimizer_step_post_hook(recorder.post_step)
+    original_log = tt_metrics.MetricsProcessor.log
+
+    def log(self, step, global_avg_loss, global_max_loss, grad_norm, *args, **kwargs):
+        recorder.on_log(step, float(global_avg_loss), float(grad_norm))
+        return original_log(self, step, global_avg_loss, global_max_loss, grad_norm, *args, **kwargs)
+
+    tt_metrics.MetricsProcessor.log = log
+
+
+@override(target=HuggingFaceTextDataLoader.Config, exact=True,
+          description="ATTUNE gate run: same weights, same batches, per-step and step-1 records")
+def gate_run(cfg):
+    global _INSTALLED
+    settings = _settings()
+    if not _INSTALLED:  # called once per matching node (the validator has a loader config too)
+        Path(settings["record"]).parent.mkdir(parents=True, exist_ok=True)
+        if _rank() == 0:
+            Path(settings["record"]).write_text("")
+        _install(_Recorder(settings))
+        _INSTALLED = True
+    return derive(cfg, GateOrderLoader.Config, order_dp=int(settings.get("order_dp", 1)),
+                  global_batch=int(settings.get("global_batch", 0)))

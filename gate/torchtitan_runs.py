@@ -1,0 +1,205 @@
+"""The convergence check on the recipe's own trainer: real torchtitan 0.3 runs of the baseline and
+the candidate, their curves and step-1 records, and the check of gate/convergence.py on them.
+
+A gate run is a short torchtitan run of the recipe with ATTUNE's recorder override
+(attune/stacks/torchtitan/recorder.py): every run starts from the same weights and composes each
+step's global batch as torchtitan's own loader would at the run's data-parallel degree, so two
+layouts with the same DP degree see the same batches and are compared pairwise, and a layout that
+changes the DP degree (and with it torchtitan's data order) is compared with baseline runs made
+under its data order. It records loss and gradient norm at full precision, the post-clip norm,
+the update norm, the LR and the batch hash every step, and step-1 group norms and gradient
+sketches (gate-study.md: what the loss cannot show).
+
+Runs go through the stack's executor, like trials, and are charged: each run holds the recipe's
+GPUs for its wall time (`gpu_hours` of the report). On this CPU-only machine the torchtitan stack
+trains on CPU processes (attune/stacks/torchtitan/cpu.py), where runs are bitwise deterministic:
+replicates agree exactly, and the metric precision floors of gate/stats.py set the band.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from attune.recipe import Recipe
+from attune.stacks.torchtitan.recipe_values import OVERRIDE_IMPORTS, recipe_values
+from attune.stacks.torchtitan.runner import RunLimits
+from attune.stacks.torchtitan.stack import TorchtitanStack
+from gate.config_check import check_config
+from gate.convergence import check_convergence
+from gate.curves import write_folder
+from gate.models import ConfigVerdict, ConvergenceVerdict, GateReport
+
+DEFAULT_STEPS = 20
+MAX_DOUBLINGS = 1
+REPLICATES = 2          # identical on a deterministic CPU, so two suffice there; real GPUs differ
+ORDER_REPLICATES = 2
+RECORDER = "attune.stacks.torchtitan.recorder.gate_run"
+FAULTS_MODULE = "attune.stacks.torchtitan.faults"
+SETTINGS_ENV = "ATTUNE_GATE_RUN"
+STEP1_KEYS = ("grad_norm", "post_clip_norm", "update_norm", "lr", "valid_tokens", "max_norm",
+              "group_grad_norms", "group_update_norms", "grad_sketch")
+
+
+@dataclass(frozen=True)
+class GateRun:
+    """One torchtitan run of a gate verdict."""
+    recipe: Recipe
+    order_dp: int
+    steps: int
+    seed: int
+    faults: tuple[str, ...] = ()
+
+    def key(self) -> str:
+        return hashlib.sha256(json.dumps([self.recipe.config, self.recipe.cluster.model_dump(),
+                                          self.recipe.torchtitan.model_dump() if self.recipe.torchtitan else None,
+                                          self.order_dp, self.steps, self.seed, self.faults],
+                                         sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+@dataclass
+class RunRecord:
+    ok: bool
+    rows: list[dict] = field(default_factory=list)
+    step1: dict | None = None
+    gpu_hours: float = 0.0
+    seconds: float = 0.0
+    message: str = ""
+    log: str = ""
+
+
+def data_order(recipe: Recipe) -> int:
+    """torchtitan shards its data by data-parallel rank: the DP degree is the run's data order."""
+    return recipe.layout().dp
+
+
+def plan_runs(baseline: Recipe, candidate: Recipe, steps: int, seed: int, replicates: int = REPLICATES,
+              faults: tuple[str, ...] = ()) -> dict[str, GateRun]:
+    """baseline-1..k (the baseline's data order, then ORDER_REPLICATES under the candidate's when
+    it differs) and the candidate."""
+    base_order, cand_order = data_order(baseline), data_order(candidate)
+    runs = [GateRun(baseline, base_order, steps, seed + i) for i in range(replicates)]
+    if cand_order != base_order:
+        runs += [GateRun(baseline, cand_order, steps, seed + 100 + i) for i in range(ORDER_REPLICATES)]
+    plan = {f"baseline-{i}": run for i, run in enumerate(runs, start=1)}
+    plan["candidate"] = GateRun(candidate, cand_order, steps, seed, faults)
+    return plan
+
+
+def records_to_curve(records: list[dict]) -> tuple[list[dict], dict | None]:
+    """Recorder lines -> (curve rows: step, loss, grad_norm, batch_hash; the step-1 record)."""
+    rows = [{"step": r["step"], "loss": r["loss"], "grad_norm": r["grad_norm"], "batch_hash": r.get("batch_hash")}
+            for r in records]
+    if rows and any(row["batch_hash"] is None for row in rows):
+        rows = [{k: v for k, v in row.items() if k != "batch_hash"} for row in rows]
+    first = next((r for r in records if r["step"] == 1), None)
+    step1 = None if first is None else {"forward_loss": first["loss"]} | {k: first[k] for k in STEP1_KEYS if k in first}
+    return rows, step1
+
+
+def _recipe_imports(recipe: Recipe) -> list[str]:
+    """The recipe's own --override.imports (a gate run adds to them, never replaces them)."""
+    own = recipe_values(recipe.torchtitan.module, recipe.torchtitan.config) or {} if recipe.torchtitan else {}
+    text = recipe.config.get(OVERRIDE_IMPORTS, own.get(OVERRIDE_IMPORTS, ""))
+    return [entry for entry in str(text).split(",") if entry]
+
+
+class TorchtitanGateRunner:
+    """Runs gate runs through a torchtitan stack, each once per process (baseline replicates are
+    shared by every candidate of a suite or a campaign), and adds up what they were charged."""
+
+    def __init__(self, stack: TorchtitanStack, workdir: Path, say: Callable[[str], None] | None = None):
+        self.stack, self.workdir, self.say = stack, Path(workdir), say
+        self.done: dict[str, RunRecord] = {}
+        self.gpu_hours = 0.0
+
+    def run(self, run: GateRun) -> RunRecord:
+        key = run.key()
+        if key in self.done:
+            return self.done[key]
+        workdir = self.workdir / "runs" / key
+        workdir.mkdir(parents=True, exist_ok=True)
+        record_path = workdir / "record.jsonl"
+        settings = {"record": str(record_path), "order_dp": run.order_dp, "global_batch": run.recipe.layout().global_batch,
+                    "max_norm": run.recipe.config.get("training.max_norm"), "init_seed": 0}
+        (workdir / "settings.json").write_text(json.dumps(settings))
+        imports = _recipe_imports(run.recipe) + [f"{FAULTS_MODULE}.{name}" for name in run.faults] + [RECORDER]
+        stack = copy.copy(self.stack)
+        stack.warmup_steps = 0
+        stack.extra_config = dict(self.stack.extra_config) | {OVERRIDE_IMPORTS: ",".join(imports)}
+        launch = stack.launch(run.recipe, run.steps, run.seed, workdir)
+        launch = launch.model_copy(update={"env": launch.env | {SETTINGS_ENV: str(workdir / "settings.json")}})
+        (workdir / "launch.json").write_text(json.dumps(launch.payload(), indent=2))
+        if self.say:
+            self.say(f"gate run {run.recipe.name} (data order dp={run.order_dp}"
+                     f"{', faults ' + ','.join(run.faults) if run.faults else ''}): {run.steps} steps")
+        started = time.perf_counter()
+        limits = RunLimits(measure_steps=None, warmup_steps=0, startup_timeout_s=stack.startup_timeout_s,
+                           stall_timeout_s=stack.stall_timeout_s)
+        outcome = stack.executor(launch, workdir / "train.log", limits, workdir)
+        records = [json.loads(line) for line in record_path.read_text().splitlines() if line.strip()] \
+            if record_path.is_file() else []
+        gpu_hours = run.recipe.cluster.gpus * outcome.wall_time_s / 3600.0
+        self.gpu_hours += gpu_hours
+        ok = outcome.status.value == "ok" and len(records) >= run.steps
+        rows, step1 = records_to_curve(records)
+        result = RunRecord(ok=ok, rows=rows, step1=step1, gpu_hours=gpu_hours, seconds=time.perf_counter() - started,
+                           message=outcome.message if not ok else "", log=outcome.log_path)
+        self.done[key] = result
+        return result
+
+
+def converge(baseline: Recipe, candidate: Recipe, config: ConfigVerdict, workdir: Path, steps: int, seed: int,
+             runner: TorchtitanGateRunner, replicates: int = REPLICATES,
+             faults: tuple[str, ...] = ()) -> tuple[ConvergenceVerdict | None, str]:
+    """Gate runs + the convergence check, doubling the steps while the verdict asks for more.
+    Returns (verdict, "") or (None, why no verdict: a run that failed)."""
+    manifest = {"tier": "numerics" if config.numerics_change else "exact",
+                "numerics_change": [n.field for n in config.numerics_change], "trainer": "torchtitan"}
+    max_steps = steps * 2 ** MAX_DOUBLINGS
+    while True:
+        plan = plan_runs(baseline, candidate, steps, seed, replicates, faults)
+        results = {name: runner.run(run) for name, run in plan.items()}
+        failed = [(name, r) for name, r in results.items() if not r.ok]
+        if failed:
+            name, r = failed[0]
+            return None, f"gate run {name} did not finish {steps} steps: {r.message} (log {r.log})"
+        info = {name: {"recipe": run.recipe.name, "order_dp": run.order_dp, "faults": list(run.faults),
+                       "seed": run.seed, "seconds": round(results[name].seconds, 1),
+                       "gpu_hours": round(results[name].gpu_hours, 5)} for name, run in plan.items()}
+        folder = write_folder(Path(workdir) / "curves", {n: (r.rows, r.step1) for n, r in results.items()},
+                              manifest, info)
+        verdict = check_convergence(folder, workdir, max_steps=max_steps)
+        if verdict.passed is None and verdict.need_more_steps is not None:
+            steps = verdict.need_more_steps
+            continue
+        return verdict, ""
+
+
+def verify(baseline: Recipe, candidate: Recipe, workdir: Path, stack: TorchtitanStack | None = None,
+           steps: int | None = None, replicates: int = REPLICATES, seed: int = 0,
+           runner: TorchtitanGateRunner | None = None, say: Callable[[str], None] | None = None) -> GateReport:
+    """The gate on the torchtitan stack: config check, then real torchtitan curves."""
+    start = time.perf_counter()
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    config = check_config(baseline, candidate)
+    if not config.passed:
+        return GateReport(passed=False, config=config, note="config check failed: no gate runs were made",
+                          seconds=round(time.perf_counter() - start, 2), trainer="torchtitan")
+    runner = runner or TorchtitanGateRunner(stack or TorchtitanStack(), workdir, say)
+    spent_before = runner.gpu_hours
+    verdict, failure = converge(baseline, candidate, config, workdir, steps or DEFAULT_STEPS, seed, runner, replicates)
+    spent = runner.gpu_hours - spent_before
+    if verdict is None:
+        return GateReport(passed=False, config=config, note=f"no verdict: {failure}", trainer="torchtitan",
+                          seconds=round(time.perf_counter() - start, 2), gpu_hours=spent)
+    return GateReport(passed=bool(verdict.passed), config=config, convergence=verdict, steps_used=verdict.steps_used,
+                      plot=verdict.plot, trainer="torchtitan", gpu_hours=spent,
+                      note=f"torchtitan: {verdict.replicates} replicates, {verdict.mode}, tier {verdict.tier}",
+                      seconds=round(time.perf_counter() - start, 2))

@@ -84,6 +84,33 @@ class Tracker:
         self.client.set_terminated(run.info.run_id, "FINISHED" if record.result.ok else "FAILED")
         return run.info.run_id
 
+    def log_gate(self, parent_id: str, gate: dict[str, Any] | None, tags: dict[str, str]) -> str | None:
+        """The correctness gate as its own nested run: its verdict, what it cost, the curves it read
+        and the plot (a person looks at the curves, not the numbers)."""
+        if gate is None:
+            return None
+        from mlflow.entities import Metric, RunTag
+        passed = bool(gate.get("passed"))
+        run = self.client.create_run(self.experiment_id, run_name="gate",
+                                     tags=tags | {"mlflow.parentRunId": parent_id, "attune.role": "gate",
+                                                  "attune.gate_trainer": str(gate.get("trainer", "proxy")),
+                                                  "attune.gate_passed": str(passed).lower()})
+        now = int(time.time() * 1000)
+        figures = {"gpu_hours": gate.get("gpu_hours"), "seconds": gate.get("seconds"),
+                   "steps_used": gate.get("steps_used")}
+        self.client.log_batch(run.info.run_id, tags=[RunTag("attune.gate_note", str(gate.get("note", ""))[:500])],
+                              metrics=[Metric(k, float(v), now, 0) for k, v in figures.items()
+                                       if isinstance(v, (int, float))])
+        self.client.log_dict(run.info.run_id, gate, "gate_report.json")
+        plot = gate.get("plot") or (gate.get("convergence") or {}).get("plot")
+        if plot and Path(plot).is_file():
+            self.client.log_artifact(run.info.run_id, plot)
+            curves = Path(plot).parent / "curves"
+            if curves.is_dir():
+                self.client.log_artifacts(run.info.run_id, str(curves), "curves")
+        self.client.set_terminated(run.info.run_id, "FINISHED" if passed else "FAILED")
+        return run.info.run_id
+
     def finish_campaign(self, parent_id: str, result: dict[str, Any], report_md: str, gate: dict | None,
                         shipped_toml: str | None) -> None:
         from mlflow.entities import Metric

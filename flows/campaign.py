@@ -17,7 +17,9 @@ from prefect.states import Completed
 from prefect.utilities.annotations import quote
 
 from attune.campaign import engine, finish
+from attune.campaign.budget import hours_text
 from attune.campaign.engine import BudgetExhausted, Campaign, CampaignSettings
+from attune.campaign.gate_runs import gate_reserve
 from attune.errors import InputError
 from attune.recipe import Recipe, dump_recipe, load_recipe
 from attune.tracking import Tracker
@@ -50,7 +52,7 @@ def _progress(c: Campaign, text: str) -> None:
     if c.quiet:
         return
     left = c.state.budget.left
-    print(f"[attune {c.state.campaign_id}] {text} (budget left {left:.1f} GPU-h)", file=sys.stderr, flush=True)
+    print(f"[attune {c.state.campaign_id}] {text} (budget left {hours_text(left)} GPU-h)", file=sys.stderr, flush=True)
 
 
 def _measure(c: Campaign, tracker: Tracker, role: str, levers: dict[str, Any], proposal=None, reserve: float = 0.0):
@@ -150,7 +152,7 @@ def tune_campaign(recipe_path: str, budget_gpu_hours: float, stack: str = "sim",
     while True:
         if c.state.phase == "confirm":
             for levers in engine.confirm_plan(c):
-                if _measure(c, tracker, "confirm", levers) is None:
+                if _measure(c, tracker, "confirm", levers, reserve=gate_reserve(c, levers)) is None:
                     break
             engine.settle_incumbent(c)
             c.state.phase = "gate"
@@ -158,6 +160,7 @@ def tune_campaign(recipe_path: str, budget_gpu_hours: float, stack: str = "sim",
         if c.state.incumbent_record.role != "baseline" and c.state.gate is None:
             _progress(c, "correctness gate on the incumbent")
             correctness_gate(quote(c))
+            tracker.log_gate(c.state.mlflow_run_id, c.state.gate, _tags(c))
         if not engine.fall_back(c):
             break
         _progress(c, "the gate refused the candidate; falling back on the best measured layout it can pass")

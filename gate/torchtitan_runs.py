@@ -114,11 +114,11 @@ class TorchtitanGateRunner:
     shared by every candidate of a suite or a campaign), and adds up what they were charged."""
 
     def __init__(self, stack: TorchtitanStack, workdir: Path, say: Callable[[str], None] | None = None):
-        self.stack, self.workdir, self.say = stack, Path(workdir), say
+        self.stack, self.workdir, self.say = stack, Path(workdir).resolve(), say
         self.done: dict[str, RunRecord] = {}
         self.gpu_hours = 0.0
 
-    def run(self, run: GateRun) -> RunRecord:
+    def run(self, run: GateRun, name: str = "") -> RunRecord:
         key = run.key()
         if key in self.done:
             return self.done[key]
@@ -136,7 +136,7 @@ class TorchtitanGateRunner:
         launch = launch.model_copy(update={"env": launch.env | {SETTINGS_ENV: str(workdir / "settings.json")}})
         (workdir / "launch.json").write_text(json.dumps(launch.payload(), indent=2))
         if self.say:
-            self.say(f"gate run {run.recipe.name} (data order dp={run.order_dp}"
+            self.say(f"gate run {name + ': ' if name else ''}{run.recipe.name} (data order dp={run.order_dp}"
                      f"{', faults ' + ','.join(run.faults) if run.faults else ''}): {run.steps} steps")
         started = time.perf_counter()
         limits = RunLimits(measure_steps=None, warmup_steps=0, startup_timeout_s=stack.startup_timeout_s,
@@ -156,15 +156,18 @@ class TorchtitanGateRunner:
 
 def converge(baseline: Recipe, candidate: Recipe, config: ConfigVerdict, workdir: Path, steps: int, seed: int,
              runner: TorchtitanGateRunner, replicates: int = REPLICATES,
-             faults: tuple[str, ...] = ()) -> tuple[ConvergenceVerdict | None, str]:
-    """Gate runs + the convergence check, doubling the steps while the verdict asks for more.
-    Returns (verdict, "") or (None, why no verdict: a run that failed)."""
+             faults: tuple[str, ...] = (), max_gpu_hours: float | None = None) -> tuple[ConvergenceVerdict | None, str]:
+    """Gate runs + the convergence check, doubling the steps while the verdict asks for more and
+    `max_gpu_hours` (what the campaign can still pay) allows. Returns (verdict, "") or (None, why
+    no verdict: a run that failed, or more steps than the budget pays for)."""
     manifest = {"tier": "numerics" if config.numerics_change else "exact",
                 "numerics_change": [n.field for n in config.numerics_change], "trainer": "torchtitan"}
     max_steps = steps * 2 ** MAX_DOUBLINGS
+    spent_before = runner.gpu_hours
     while True:
         plan = plan_runs(baseline, candidate, steps, seed, replicates, faults)
-        results = {name: runner.run(run) for name, run in plan.items()}
+        round_before = runner.gpu_hours
+        results = {name: runner.run(run, name) for name, run in plan.items()}
         failed = [(name, r) for name, r in results.items() if not r.ok]
         if failed:
             name, r = failed[0]
@@ -176,6 +179,12 @@ def converge(baseline: Recipe, candidate: Recipe, config: ConfigVerdict, workdir
                               manifest, info)
         verdict = check_convergence(folder, workdir, max_steps=max_steps)
         if verdict.passed is None and verdict.need_more_steps is not None:
+            # the longer runs start from step 1 again: they cost this round's runs times the step ratio
+            next_cost = (runner.gpu_hours - round_before) * verdict.need_more_steps / steps
+            spent = runner.gpu_hours - spent_before
+            if max_gpu_hours is not None and spent + next_cost > max_gpu_hours:
+                return None, (f"the check needs {verdict.need_more_steps} steps to decide, about {next_cost:.3g} "
+                              f"GPU-hours more than the {max_gpu_hours - spent:.3g} the budget has left")
             steps = verdict.need_more_steps
             continue
         return verdict, ""
@@ -183,8 +192,10 @@ def converge(baseline: Recipe, candidate: Recipe, config: ConfigVerdict, workdir
 
 def verify(baseline: Recipe, candidate: Recipe, workdir: Path, stack: TorchtitanStack | None = None,
            steps: int | None = None, replicates: int = REPLICATES, seed: int = 0,
-           runner: TorchtitanGateRunner | None = None, say: Callable[[str], None] | None = None) -> GateReport:
-    """The gate on the torchtitan stack: config check, then real torchtitan curves."""
+           runner: TorchtitanGateRunner | None = None, say: Callable[[str], None] | None = None,
+           max_gpu_hours: float | None = None) -> GateReport:
+    """The gate on the torchtitan stack: config check, then real torchtitan curves (at most
+    `max_gpu_hours` of them: no verdict, so no pass, past it)."""
     start = time.perf_counter()
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -194,7 +205,8 @@ def verify(baseline: Recipe, candidate: Recipe, workdir: Path, stack: Torchtitan
                           seconds=round(time.perf_counter() - start, 2), trainer="torchtitan")
     runner = runner or TorchtitanGateRunner(stack or TorchtitanStack(), workdir, say)
     spent_before = runner.gpu_hours
-    verdict, failure = converge(baseline, candidate, config, workdir, steps or DEFAULT_STEPS, seed, runner, replicates)
+    verdict, failure = converge(baseline, candidate, config, workdir, steps or DEFAULT_STEPS, seed, runner, replicates,
+                                max_gpu_hours=max_gpu_hours)
     spent = runner.gpu_hours - spent_before
     if verdict is None:
         return GateReport(passed=False, config=config, note=f"no verdict: {failure}", trainer="torchtitan",

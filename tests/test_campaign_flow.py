@@ -46,12 +46,16 @@ def test_campaign_end_to_end_with_prefect_and_mlflow(cli, tmp_path):
         assert result["payback_hours"] > 0
         shipped = cli("recipe", "show", result["recipe_out"], "--json", check=True)
         assert json.loads(shipped.stdout)["layout"]["global_batch"] == state.trials[0].config.get("training.global_batch_size")
-    # MLflow: one parent run, one nested run per trial, tagged
+    # MLflow: one parent run, one nested run per trial and one per gate verdict, tagged
     db = sqlite3.connect(tmp_path / ".attune" / "mlflow.db")
     runs = db.execute("select run_uuid from runs").fetchall()
-    assert len(runs) == result["trials"] + 1
     roles = dict(db.execute("select value, count(*) from tags where key='attune.role' group by value").fetchall())
+    assert len(runs) == result["trials"] + roles.get("gate", 0) + 1
     assert roles.get("baseline") == 3 and roles.get("trial", 0) >= 1
+    if result["gate"] is not None:  # once, or twice after a fall back; the sim stack's gate trains the proxy
+        assert 1 <= roles.get("gate", 0) <= 2
+        trainers = db.execute("select distinct value from tags where key='attune.gate_trainer'").fetchall()
+        assert trainers == [("proxy",)]
     parents = db.execute("select count(distinct value) from tags where key='mlflow.parentRunId'").fetchone()[0]
     assert parents == 1
     models = db.execute("select distinct value from tags where key='attune.model'").fetchall()

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 import math
+import sqlite3
 
 import pytest
 from conftest import REPO
 
+from attune.campaign.state import CampaignState
 from attune.recipe import load_recipe
 from attune.spec import parse_cluster_flag
 from attune.stacks.base import TrialStatus
@@ -72,3 +74,50 @@ def test_gate_on_real_torchtitan_curves(tmp_path, cli):
     # the curves the verdict read are real torchtitan records: one per step, per run
     curve = next(tmp_path.rglob("candidate.csv")).read_text().splitlines()
     assert len(curve) == 1 + 6
+
+
+def test_the_gate_reserve_pays_for_real_runs_only_on_torchtitan(tmp_path):
+    from attune.campaign.engine import CampaignSettings, open_campaign
+    from attune.campaign.gate_runs import gate_reserve, gate_trainer
+    from gate.torchtitan_runs import plan_runs
+    sim = open_campaign(load_recipe(REPO / "recipes/public/llama3_8b.toml"),
+                        CampaignSettings(budget_gpu_hours=40), home=tmp_path)
+    sim_levers = sim.recipe.layout().levers()
+    assert gate_trainer(sim) == "proxy" and gate_reserve(sim, sim_levers) == 0.0
+    recipe = load_recipe(RECIPE)
+    real = open_campaign(recipe, CampaignSettings(budget_gpu_hours=0.2, stack="torchtitan", replicates=2,
+                                                  steps_per_trial=5, gate_steps=10), home=tmp_path)
+    levers = recipe.layout().levers() | {"training.local_batch_size": 4}
+    runs = plan_runs(recipe, real.trial_recipe(levers), 10, seed=0)
+    one_run = recipe.cluster.gpus * real.stack.estimate_wall_time_s(recipe, 10) / 3600
+    assert gate_trainer(real) == "torchtitan"
+    assert gate_reserve(real, levers) == pytest.approx(len(runs) * one_run, rel=0.2)
+    # a search trial must leave its confirmation replicate and its gate
+    assert real.confirm_reserve(levers) == pytest.approx(real.estimated_cost(levers) + gate_reserve(real, levers))
+
+
+@needs_torchtitan
+@pytest.mark.slow
+def test_a_torchtitan_campaign_on_cpu_end_to_end(tmp_path, cli):
+    """`attune tune --stack torchtitan` on the debug model: real trials, a gate verdict from real
+    torchtitan curves, everything charged to the budget (about 6 minutes on 2 cores)."""
+    proc = cli("tune", RECIPE, "--stack", "torchtitan", "--budget-gpu-hours", "0.15", "--replicates", "2",
+               "--steps", "5", "--gate-steps", "10", "--json", "--quiet", timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    assert result["simulated"] is False and result["stack"] == "torchtitan"
+    state = CampaignState.load(next((tmp_path / ".attune").glob("campaigns/*/state.json")))
+    trial_hours = sum(t.result.gpu_hours for t in state.trials)
+    assert all(t.result.status == TrialStatus.OK for t in state.trials) and trial_hours > 0
+    logs = list((tmp_path / ".attune").glob("campaigns/*/trials/*/train.log"))
+    assert len(logs) == len(state.trials) and all("Training starts" in p.read_text() for p in logs)
+    gate = result["gate"]
+    if state.incumbent_record.role != "baseline":  # a move was kept: its gate read torchtitan's curves
+        assert gate["trainer"] == "torchtitan" and gate["gpu_hours"] > 0
+        assert result["gate_gpu_hours"] == pytest.approx(gate["gpu_hours"])
+        assert result["shipped"] == gate["passed"]
+    assert result["gpu_hours_used"] == pytest.approx(trial_hours + result["gate_gpu_hours"])
+    assert result["gpu_hours_used"] <= result["budget_gpu_hours"]
+    db = sqlite3.connect(tmp_path / ".attune" / "mlflow.db")
+    roles = dict(db.execute("select value, count(*) from tags where key='attune.role' group by value").fetchall())
+    assert roles.get("gate", 0) == (gate is not None)

@@ -22,3 +22,9 @@ class Budget(BaseModel):
 
 def gpu_hours(gpus: int, wall_time_s: float) -> float:
     return gpus * wall_time_s / 3600.0
+
+
+def hours_text(hours: float) -> str:
+    """GPU-hours as a person reads them: one decimal on a GPU cluster, three digits on a CPU campaign
+    whose whole budget is a fraction of an hour."""
+    return f"{hours:.1f}" if abs(hours) >= 10 else f"{hours:.3g}"

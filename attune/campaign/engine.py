@@ -107,7 +107,9 @@ class Campaign:
         return self._costs[key]
 
     def confirm_reserve(self, levers: dict[str, Any]) -> float:
-        return (self.settings.replicates - 1) * self.estimated_cost(levers)
+        """What a search trial of these levers must leave: its confirmation replicates and its gate."""
+        from attune.campaign.gate_runs import gate_reserve
+        return (self.settings.replicates - 1) * self.estimated_cost(levers) + gate_reserve(self, levers)
 
 
 def open_campaign(recipe: Recipe, settings: CampaignSettings, home: Path | None = None) -> Campaign:

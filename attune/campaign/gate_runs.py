@@ -4,9 +4,16 @@ The gate is deterministic in its inputs (recipes, steps, seed), so its verdicts 
 $ATTUNE_HOME/gate-cache: benchmark campaigns that gate the same recipe share them, and a layout the
 planner probed before measuring it is not trained on the proxy again when it is gated at the end.
 
+Which trainer the convergence check watches follows the campaign's stack: on the sim stack the CPU
+proxy (attune/proxy: no GPU-hours), on the torchtitan stack real torchtitan runs of the baseline
+and the candidate through the campaign's own stack (gate/torchtitan_runs.py), charged to the
+budget like trials. A torchtitan campaign keeps the gate's cost in reserve from its first search
+trial on (gate_reserve), so the search cannot spend what the verdict needs.
+
 A probe is the gate run early, on a numerics-tier layout (float8) the planner is about to propose:
 the proxy trains on the CPU and costs no GPU-hours, a refused float8 trial costs a GPU trial and
-then a fall back. The campaign keeps every probe's verdict (state.gate_probes).
+then a fall back. A probe reads the proxy on every stack (a cheap screen); on torchtitan the
+incumbent's final verdict still comes from its real runs. The campaign keeps every probe's verdict (state.gate_probes).
 """
 
 from __future__ import annotations
@@ -25,24 +32,62 @@ if TYPE_CHECKING:
     from attune.campaign.engine import Campaign
 
 
-def gate_report(c: Campaign, candidate: Recipe, workdir: Path) -> dict[str, Any]:
-    """The gate's report (as JSON) on `candidate` against the campaign's recipe."""
+def gate_report(c: Campaign, candidate: Recipe, workdir: Path, trainer: str | None = None) -> dict[str, Any]:
+    """The gate's report (as JSON) on `candidate` against the campaign's recipe; `trainer` forces
+    whose curves it reads (a probe always asks the proxy), by default the campaign's own."""
     import gate
 
     seed = c.settings.seed if c.settings.gate_seed is None else c.settings.gate_seed
+    trainer = trainer or gate_trainer(c)
     key = hashlib.sha256(json.dumps([c.recipe.config, candidate.config, c.recipe.stack.model_dump(),
-                                     c.settings.gate_steps, seed, gate.__name__],
-                                    sort_keys=True, default=str).encode()).hexdigest()[:20]
+                                     c.recipe.cluster.model_dump(), c.settings.gate_steps, seed, gate.__name__,
+                                     trainer], sort_keys=True, default=str).encode()).hexdigest()[:20]
     cached = attune_home() / "gate-cache" / f"{key}.json"
     if cached.is_file():
         return json.loads(cached.read_text()) | {"cached": True}
-    report = gate.verify(c.recipe, candidate, workdir, steps=c.settings.gate_steps, seed=seed)
+    if trainer == "torchtitan":
+        from gate import torchtitan_runs
+        needed = gate_reserve(c, candidate.layout().levers())
+        if not c.state.budget.can_afford(needed):  # not cached: a larger budget may run it
+            return {"passed": False, "trainer": trainer, "gpu_hours": 0.0, "seconds": 0.0,
+                    "note": f"not run: the gate's torchtitan runs need about {needed:.3f} GPU-hours, "
+                            f"{c.state.budget.left:.3f} left"}
+        report = torchtitan_runs.verify(c.recipe, candidate, workdir, stack=c.stack, steps=c.settings.gate_steps,
+                                        seed=seed, say=c.say, max_gpu_hours=c.state.budget.left)
+        c.state.budget.charge(report.gpu_hours)
+        c.state.gate_gpu_hours += report.gpu_hours
+        c.save()
+    else:
+        report = gate.verify(c.recipe, candidate, workdir, steps=c.settings.gate_steps, seed=seed)
     verdict = report.model_dump(mode="json")
     cached.parent.mkdir(parents=True, exist_ok=True)
     tmp = cached.with_suffix(".tmp")
     tmp.write_text(json.dumps(verdict))
     tmp.replace(cached)
     return verdict
+
+
+def gate_trainer(c: Campaign) -> str:
+    """Whose curves the convergence check reads: the recipe's own trainer where the campaign runs
+    it (torchtitan), else the CPU proxy."""
+    return "torchtitan" if c.settings.stack == "torchtitan" else "proxy"
+
+
+def gate_reserve(c: Campaign, levers: dict[str, Any]) -> float:
+    """GPU-hours the gate of a candidate with these levers will cost: nothing on the proxy; on
+    torchtitan the baseline replicates (and those under the candidate's data order when its DP
+    degree differs) and the candidate, each a run of gate_steps, at the stack's estimate."""
+    if gate_trainer(c) != "torchtitan":
+        return 0.0
+    from gate import torchtitan_runs
+    candidate = c.trial_recipe(levers)
+    runs = torchtitan_runs.plan_runs(c.recipe, candidate, c.settings.gate_steps or torchtitan_runs.DEFAULT_STEPS,
+                                     seed=0)
+    hours = 0.0
+    for run in runs.values():
+        wall = c.stack.estimate_wall_time_s(run.recipe, run.steps) if hasattr(c.stack, "estimate_wall_time_s") else 0.0
+        hours += run.recipe.cluster.gpus * wall / 3600.0
+    return hours
 
 
 def probe_layout(c: Campaign, levers: dict[str, Any]) -> bool:
@@ -56,7 +101,7 @@ def probe_layout(c: Campaign, levers: dict[str, Any]) -> bool:
         base = c.recipe.layout().levers()
         moved = levers_text({k: v for k, v in levers.items() if base.get(k) != v})
         c.say(f"gate probe: the convergence check on the CPU proxy for {moved}, before any GPU trial of it")
-    report = gate_report(c, candidate, workdir)
+    report = gate_report(c, candidate, workdir, trainer="proxy")
     if c.say:
         c.say(f"gate probe: {'passed' if report.get('passed') else 'refused'} ({_took(report)})")
     c.state.gate_probes.append({"levers": levers, "passed": bool(report.get("passed")),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from attune.campaign.budget import hours_text
 from attune.campaign.engine import Campaign
 from attune.levers import levers_text
 
@@ -19,7 +20,7 @@ def trial_table(c: Campaign) -> str:
         mark = " **(incumbent)**" if t.index == c.state.incumbent else ""
         rows.append(f"| {t.index} | {t.role}{mark} | {levers_text(t.move)} | {t.lesson_id or ''} | {r.status.value} | "
                     f"{(r.tokens_per_sec_per_gpu or 0):,.0f} | {gain} | {(r.mfu or 0):.1%} | "
-                    f"{(r.peak_memory_gib or 0):.1f} | {r.gpu_hours:.2f} | "
+                    f"{(r.peak_memory_gib or 0):.1f} | {hours_text(r.gpu_hours)} | "
                     f"{', '.join(s.id for s in t.diagnosis)} |")
     return "\n".join(rows)
 
@@ -38,6 +39,7 @@ def report_markdown(c: Campaign, result: dict[str, Any]) -> str:
     base = result["baseline"]["levers"]
     changed = {k: v for k, v in best.items() if base.get(k) != v}
     payback = result.get("payback_hours")
+    gate = result.get("gate") or {}
     lines = [
         f"# ATTUNE campaign {result['campaign_id']}{label}",
         f"**{result['recipe']}** — {result['model']} on {result['cluster']}, stack `{result['stack']}`, "
@@ -48,9 +50,12 @@ def report_markdown(c: Campaign, result: dict[str, Any]) -> str:
         f"{result['best']['tokens_per_sec_per_gpu']:,.0f} tokens/s/GPU ({result['gain']:+.1%}); "
         f"noise band {(result['noise_band'] or 0):.1%}",
         f"- changed: {levers_text(changed) or 'nothing'}",
-        f"- GPU-hours {result['gpu_hours_used']:.1f} of {result['budget_gpu_hours']:.1f}; {result['trials']} trials",
+        f"- GPU-hours {hours_text(result['gpu_hours_used'])} of {hours_text(result['budget_gpu_hours'])}; "
+        f"{result['trials']} trials" + (f"; the gate's own runs {hours_text(result['gate_gpu_hours'])}"
+                                        if result.get("gate_gpu_hours") else ""),
         f"- payback: {payback:.1f} h of training on this cluster" if payback else "- payback: n/a (nothing shipped)",
-        f"- gate: {'passed' if (result.get('gate') or {}).get('passed') else 'not passed' if result.get('gate') else 'not run'}",
+        f"- gate: {'passed' if gate.get('passed') else 'not passed' if gate else 'not run'}"
+        + (f" (convergence check on {gate['trainer']} curves)" if gate.get("trainer") else ""),
         _probes_line(result.get("gate_probes") or []),
         "",
         "## Trials",

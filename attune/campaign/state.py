@@ -66,6 +66,7 @@ class CampaignState(BaseModel):
     incumbent: int | None = None
     rejected: list[dict[str, Any]] = []     # numerics-tier incumbents the gate refused: levers, report
     gate_probes: list[dict[str, Any]] = []  # layouts the planner had gated before measuring: levers, passed
+    gate_gpu_hours: float = 0.0             # what real-trainer gate runs were charged (torchtitan stack)
     noise_rel_sd: float | None = None
     noise_band: float | None = None
     pending: PendingTrial | None = None

@@ -22,7 +22,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--disable-rule", action="append", default=[], metavar="RULE",
                    help="switch a search rule of the attune planner off (ablations), e.g. oom-recompute, "
                         "recheck, lessons (attune bench --help lists them all)")
-    p.add_argument("--gate-steps", type=int, help="proxy steps for the convergence check (default: the gate's)")
+    p.add_argument("--gate-steps", type=int, help="steps of each convergence-check run: the proxy's on sim, "
+                   "torchtitan's on --stack torchtitan (default: the gate's, 40 and 20)")
     p.add_argument("--mlflow-uri", help="MLflow tracking URI (default: SQLite under .attune/)")
     p.add_argument("--out", help="where to write the shipped recipe (default: in the campaign folder)")
     p.add_argument("--store", help="recipe store: a folder or s3://bucket/prefix (default .attune/store)")
@@ -63,10 +64,13 @@ def _validate(args: argparse.Namespace, planner_options: dict) -> None:
     make_planner(args.planner, seed=args.seed, disabled_rules=frozenset(args.disable_rule), **planner_options)
     if args.steps < 1 or args.replicates < 1:
         raise InputError("--steps/--replicates", "must be >= 1")
+    if args.gate_steps is not None and args.gate_steps < 2:
+        raise InputError("--gate-steps", f"must be >= 2 (a curve needs a slope), got {args.gate_steps}")
     recipe.layout()
 
 
 def _text(result: dict) -> str:
+    from attune.campaign.budget import hours_text
     label = " [simulated]" if result.get("simulated") else ""
     base, best = result["baseline"], result["best"]
     payback = result.get("payback_hours")
@@ -74,7 +78,8 @@ def _text(result: dict) -> str:
         f"{result['recipe']} on {result['cluster']}{label}: {result['stop_reason']}",
         f"  baseline {base['tokens_per_sec_per_gpu']:,.0f} tok/s/GPU -> best {best['tokens_per_sec_per_gpu']:,.0f} "
         f"({result['gain']:+.1%}, noise band {(result['noise_band'] or 0):.1%})",
-        f"  GPU-hours {result['gpu_hours_used']:.1f} / {result['budget_gpu_hours']:.1f}, {result['trials']} trials"
+        f"  GPU-hours {hours_text(result['gpu_hours_used'])} / {hours_text(result['budget_gpu_hours'])}, "
+        f"{result['trials']} trials"
         + (f", pays back after {payback:.1f} h of training" if payback else ""),
         f"  shipped: {result['recipe_out'] or 'no (baseline kept)'}   MLflow run: {result['mlflow_run_id']}",
     ])

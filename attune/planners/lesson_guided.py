@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from attune.errors import InputError
 from attune.layout import AC_MODE, FLOAT8, LOCAL_BATCH, Layout, apply_levers, resolve_layout
 from attune.levers import Scalar
+from attune.campaign.budget import hours_text
 from attune.campaign.tier import gate_verdict
 from attune.planners.gate_rules import GateRules
 from attune.planners.base import Observation, PlannerView, Proposal
@@ -171,7 +172,7 @@ class LessonGuidedPlanner:
             return worthwhile
         if self._too_dear:
             self.stop_reason = (f"budget spent: {self._too_dear} untried one-lever move(s) predicted to gain cost "
-                                f"more than the {view.budget_left_gpu_hours:.1f} GPU-hours left can pay with "
+                                f"more than the {hours_text(view.budget_left_gpu_hours)} GPU-hours left can pay with "
                                 f"their confirmation")
         elif not candidates:
             self.stop_reason = ("no moves left: every one-lever move from the incumbent was measured, is "
@@ -193,7 +194,7 @@ class LessonGuidedPlanner:
             return None
         if view.affordable is not None and not view.affordable(goal):
             self.stop_reason = (f"budget spent: the estimator's best layout the gate allows, predicted {gain:+.1%} "
-                                f"over the incumbent, costs more than the {view.budget_left_gpu_hours:.1f} GPU-hours "
+                                f"over the incumbent, costs more than the {hours_text(view.budget_left_gpu_hours)} GPU-hours "
                                 f"left can pay with its confirmation ({self.stop_reason})")
             return None
         stuck = self.stop_reason

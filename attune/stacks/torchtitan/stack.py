@@ -108,6 +108,7 @@ class TorchtitanStack:
         return on_cpu(recipe) if self.smoke_assets is None else self.smoke_assets
 
     def launch(self, recipe: Recipe, steps: int, seed: int, workdir: Path) -> Launch:
+        workdir = Path(workdir).resolve()  # the trainer runs with workdir as its cwd: relative paths would double
         env = dict(self.env)
         if self.uses_smoke_assets(recipe):
             env |= smoke_assets.OFFLINE_ENV | {"HF_DATASETS_CACHE": str(Path(workdir) / "hf_datasets_cache")}
@@ -142,7 +143,7 @@ class TorchtitanStack:
         return startup + n_steps * step_s
 
     def run_trial(self, recipe: Recipe, steps: int, seed: int, workdir: Path) -> TrialResult:
-        workdir = Path(workdir)
+        workdir = Path(workdir).resolve()
         workdir.mkdir(parents=True, exist_ok=True)
         levers = recipe.layout().levers()
         try:

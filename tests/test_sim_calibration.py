@@ -40,3 +40,28 @@ def test_calibration_needs_no_per_row_factors():
     for path in CALIBRATION_DIR.glob("*.csv"):
         header = path.read_text().splitlines()[0].lower()
         assert "factor" not in header and "fudge" not in header and "scale" not in header, path
+
+
+# Public runs the memory model still puts over the device, each with why (issue 16). Every other
+# point that ran must fit; these must stay within a few percent of fitting.
+DOES_NOT_FIT_YET = {
+    ("qwen3-30b-a3b", "h100:16"): "0.8% over; pp2 x vp24 with micro-batch 2, fp8 'assumed' by the source",
+    ("qwen3-235b-a22b", "b200:64"): "7% over; Megatron puts fewer decoder layers on the first stage "
+                                    "(embedding and loss counted in the split), which the model does not",
+}
+
+
+def test_every_public_run_fits_in_the_simulated_memory_model():
+    rows = calibration_table(measure_point)
+    misfits = {(r["model"], r["cluster"]): r for r in rows if not r["fits"]}
+    unexpected = [f"{m} {c} {r['layout']}: {r['predicted_memory_gib']:.1f} GiB" for (m, c), r in misfits.items()
+                  if (m, c) not in DOES_NOT_FIT_YET]
+    assert not unexpected, "\n".join(unexpected)
+    for key, row in misfits.items():
+        capacity = next(p.hw.hbm_gib for p in load_points()
+                        if (p.model.name, f"{p.cluster.accelerator}:{p.cluster.gpus}") == key)
+        assert row["predicted_memory_gib"] < 1.08 * capacity, key
+    # torchtitan's rows that report memory: the median within 10% of what the runs showed (the two
+    # H200 rows of one third-party report show 35-41% less than modelled, the widest misses)
+    errors = [abs(r["predicted_memory_gib"] / r["measured_memory_gib"] - 1) for r in rows if r["measured_memory_gib"]]
+    assert len(errors) >= 10 and np.median(errors) < 0.10 and max(errors) < 0.45

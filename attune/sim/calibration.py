@@ -25,6 +25,7 @@ import numpy as np
 from attune.data_files import DATA_DIR
 from attune.sim.arrays import AC_MODES, SCHEDULES, LayoutArrays, from_columns
 from attune.sim.hardware import Hardware, hardware
+from attune.sim.params import MemoryParams, memory_params
 from attune.spec import ClusterSpec, ModelSpec, StackSpec, catalog_model
 
 CALIBRATION_DIR = DATA_DIR / "calibration"
@@ -44,10 +45,16 @@ class Point:
     measured_tps: float
     measured_memory_gib: float | None
     label: str
+    fsdp: bool = False        # a Megatron row run with Megatron-FSDP instead of the distributed optimizer
 
     @property
     def stack_spec(self) -> StackSpec:
         return CALIBRATION_STACKS[self.stack]
+
+    def memory_params(self) -> MemoryParams:
+        """The stack's memory parameters, with FSDP's sharding where the row ran FSDP."""
+        mem = memory_params(self.stack)
+        return mem.model_copy(update={"distributed_optimizer": False}) if self.fsdp else mem
 
 
 def _num(text: str, default: float | None = None) -> float | None:
@@ -100,8 +107,10 @@ def _megatron_point(row: dict[str, str]) -> Point:
                       sched=SCHEDULES.index(sched), mb=mbs, ac=AC_MODES.index(ac), comp=True, f8=f8,
                       v=vp if pp > 1 else 1)
     label = f"tp{tp} pp{pp} vp{vp} cp{cp} ep{ep} dp{dp} mbs{mbs} gbs{gbs} s{row['seq_len']} {prec}"
+    fsdp = "fsdp" in (row.get("dp_note") or "").lower()
     return Point(source=row["source"], model=model, cluster=cluster, hw=hw, stack="megatron", layout=la,
-                 measured_tps=float(row["tokens_per_sec_per_gpu"]), measured_memory_gib=None, label=label)
+                 measured_tps=float(row["tokens_per_sec_per_gpu"]), measured_memory_gib=None,
+                 label=label + (" fsdp" if fsdp else ""), fsdp=fsdp)
 
 
 def load_points(paths: list[Path] | None = None) -> list[Point]:

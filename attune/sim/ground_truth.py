@@ -168,4 +168,5 @@ def measure_point(point: Point, cluster_seed: int = 0, arrays: LayoutArrays | No
                   eff=None, mem=None) -> dict[str, np.ndarray]:
     """A calibration point's ground truth (noise off), on the point's own part and stack."""
     fx = hidden_effects(point.cluster, point.stack_spec, cluster_seed)
-    return evaluate(point.model, point.hw, arrays if arrays is not None else point.layout, point.stack, fx, eff, mem)
+    return evaluate(point.model, point.hw, arrays if arrays is not None else point.layout, point.stack, fx, eff,
+                    mem or point.memory_params())

@@ -1,9 +1,12 @@
-"""Peak device memory per GPU under FSDP2 mixed precision, vectorised over layouts.
+"""Peak device memory per GPU, vectorised over layouts: FSDP2 mixed precision (torchtitan) or
+Megatron's distributed optimizer (the stack's memory table says which).
 
   parameters  fp32 master shard (4 B/param) + bf16 unsharded working copy: a couple of prefetched
-              layers without PP; the whole stage with PP (torchtitan keeps it gathered, no reshard)
+              layers without PP; the whole stage with PP (torchtitan keeps it gathered, no reshard).
+              Distributed optimizer: the bf16 copy of every local parameter + the fp32 master shard
   gradients   fp32 shard (4 B/param) + unsharded transients (the whole stage in bf16 with PP, where
-              reduce-scatter waits for the last micro-batch)
+              reduce-scatter waits for the last micro-batch). Distributed optimizer: the unsharded
+              gradient buffer (grad_bytes a parameter)
   optimizer   Adam moments, fp32 (8 B/param), sharded
   activations saved per layer and token (none / selective / full recomputation), times the
               micro-batches in flight on the first pipeline stage (1F1B: pp; GPipe: all;
@@ -63,9 +66,13 @@ def peak_memory(model: ModelSpec, la: LayoutArrays, sh: Shapes, p: MemoryParams,
     shard = sh.sharded_params
     unsharded = sh.dense_local + sh.expert_local
     per_layer_unsharded = unsharded / (L + 2.0)
-    params = 4.0 * shard + np.where(sh.piped, 2.0 * unsharded, 2.0 * p.prefetch_layers * per_layer_unsharded
-                                    + 2.0 * model.vocab_size * model.dim / tp)
-    grads = 4.0 * shard + np.where(sh.piped, 2.0 * unsharded, 4.0 * p.prefetch_layers * per_layer_unsharded)
+    if p.distributed_optimizer:   # Megatron: only the optimizer step's state is split over DP
+        params = 2.0 * unsharded + 4.0 * shard
+        grads = p.grad_bytes * unsharded
+    else:
+        params = 4.0 * shard + np.where(sh.piped, 2.0 * unsharded, 2.0 * p.prefetch_layers * per_layer_unsharded
+                                        + 2.0 * model.vocab_size * model.dim / tp)
+        grads = 4.0 * shard + np.where(sh.piped, 2.0 * unsharded, 4.0 * p.prefetch_layers * per_layer_unsharded)
     optim = 8.0 * shard
     act_first = saved * inflight_first + working + np.where(sh.piped, 0.0, logits)
     act_last = saved * inflight_last + working + logits

@@ -92,6 +92,11 @@ class MemoryParams(BaseModel):
     fragmentation: float
     prefetch_layers: float
     tp_gathered: float
+    # False: FSDP2 (parameters, gradients and optimizer state sharded over the DP shard group).
+    # True: Megatron's distributed optimizer (bf16 parameters and the gradient buffer unsharded
+    # over DP, fp32 master weights and Adam moments sharded: 2 + grad_bytes + 12/dp bytes a parameter).
+    distributed_optimizer: bool = False
+    grad_bytes: float = 4.0
 
 
 class HardwareParams(BaseModel):
@@ -119,8 +124,10 @@ def stack_efficiency(stack: str = "torchtitan") -> StackEfficiency:
 
 
 @functools.cache
-def memory_params() -> MemoryParams:
-    return MemoryParams(**_table()["memory"])
+def memory_params(stack: str = "torchtitan") -> MemoryParams:
+    """torchtitan's memory parameters with the stack's own [memory_stacks.<stack>] laid over them."""
+    table = _table()
+    return MemoryParams(**(table["memory"] | table.get("memory_stacks", {}).get(stack, {})))
 
 
 @functools.cache

@@ -30,7 +30,7 @@ def evaluate(model: ModelSpec, hw: Hardware, la: LayoutArrays, stack: str = "tor
              fx: Effects = NEUTRAL, eff=None, mem=None) -> dict[str, np.ndarray]:
     """Columns: every time part (s/step), every memory part (GiB), step_s, tps, mfu, total_gib, fits."""
     eff = eff or stack_efficiency(stack)
-    mem = mem or memory_params()
+    mem = mem or memory_params(stack)
     sh = shapes(model, la, eff.moe_imbalance)
     out = step_time(model, hw, la, sh, eff, fx)
     memory = peak_memory(model, la, sh, mem, eff, fx)
@@ -51,7 +51,7 @@ def evaluate(model: ModelSpec, hw: Hardware, la: LayoutArrays, stack: str = "tor
 def fits_mask(model: ModelSpec, hw: Hardware, la: LayoutArrays, stack: str = "torchtitan",
               fx: Effects = NEUTRAL) -> np.ndarray:
     """Which layouts fit in device memory: the memory model alone, a fraction of evaluate's cost."""
-    eff, mem = stack_efficiency(stack), memory_params()
+    eff, mem = stack_efficiency(stack), memory_params(stack)
     sh = shapes(model, la, eff.moe_imbalance)
     return peak_memory(model, la, sh, mem, eff, fx)["required_gib"] <= hw.hbm_gib
 

@@ -122,14 +122,15 @@ def test_campaign_through_the_worker_waits_for_the_gpu_pool_then_ships(stack, tm
     assert len(trials) >= 3 and first
     assert min(_ts(t["start_time"]) for t in trials) >= released - 0.5
 
-    # MLflow (SQLite): the campaign's parent run and one nested run per trial, tagged
+    # MLflow (SQLite): the campaign's parent run, one nested run per trial and one per gate verdict
     db = sqlite3.connect(stack.mlflow_db)
     parents = db.execute("select r.run_uuid from runs r join tags t on t.run_uuid = r.run_uuid "
                          "where t.key = 'attune.campaign_id'").fetchall()
     assert len(parents) == 1
     parent = parents[0][0]
     nested = db.execute("select count(*) from tags where key = 'mlflow.parentRunId' and value = ?", (parent,))
-    assert nested.fetchone()[0] == len(trials)
+    gates = db.execute("select count(*) from tags where key = 'attune.role' and value = 'gate'").fetchone()[0]
+    assert gates >= 1 and nested.fetchone()[0] == len(trials) + gates
     # the store: the gated recipe, under the recipe's stack fingerprint (compile on A100s ships on the sim)
     message = final["state"]["message"] or ""
     assert "shipped" in message, message

@@ -15,6 +15,7 @@ import tomli_w
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from attune.errors import InputError
+from attune.files import atomic_write_text
 from attune.layout import Layout, resolve_layout
 from attune.levers import Scalar
 from attune.spec import ClusterSpec, ModelSpec, StackSpec, catalog_model, load_model_spec
@@ -134,9 +135,4 @@ def dump_recipe(recipe: Recipe) -> str:
 
 def write_recipe(recipe: Recipe, path: Path | str) -> Path:
     """Write atomically (temp file then rename): a reader never sees half a recipe."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(dump_recipe(recipe))
-    tmp.replace(path)
-    return path
+    return atomic_write_text(path, dump_recipe(recipe))

@@ -10,7 +10,7 @@ import itertools
 from collections.abc import Iterator
 
 from attune.layout import (AC_MODE, COMPILE, CP, DP_REPLICATE, EP, FLOAT8, LOCAL_BATCH, PP, PP_MICROBATCH,
-                           PP_SCHEDULE, TP, Layout, layout_violations, resolve_layout, with_layout)
+                           PP_SCHEDULE, TP, Layout, layout_violations, with_layout)
 from attune.levers import Scalar, lever
 from attune.recipe import Recipe
 
@@ -55,14 +55,6 @@ def iter_layouts(recipe: Recipe) -> Iterator[Layout]:
                                  compile=comp, float8=f8)
             if not layout_violations(layout, model, cluster):
                 yield layout
-
-
-def layout_config(recipe: Recipe, layout: Layout) -> dict[str, Scalar]:
-    """The recipe's config with this layout's levers written in (global batch pinned explicitly)."""
-    config = dict(recipe.config) | layout.levers()
-    config["training.global_batch_size"] = layout.global_batch
-    resolve_layout(config, recipe.architecture, recipe.cluster)
-    return config
 
 
 def config_for(recipe: Recipe, levers: dict[str, Scalar]) -> dict[str, Scalar]:

@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from attune.campaign.state import CampaignState, TrialRecord, attune_home
+from attune.campaign.state import CampaignState, TrialRecord
+from attune.files import attune_home
 
 EXPERIMENT = "attune-campaigns"
 SECRET_MARKERS = ("KEY", "SECRET", "TOKEN", "PASSWORD")

@@ -24,11 +24,12 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from attune.bench import pool, report
+from attune.bench import report
 from attune.bench.request import BenchCell, BenchRecipe, bench_cells, bench_recipes, parse_planners
 from attune.bench.summary import public_rows, summarize
 from attune.bench.targets import check_targets
-from attune.campaign.state import attune_home
+from attune.files import attune_home
+from flows import bench_pool as pool
 
 
 @task(name="bench-oracle", cache_policy=NO_CACHE)

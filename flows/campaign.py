@@ -20,26 +20,12 @@ from attune.campaign import engine, finish
 from attune.campaign.budget import hours_text
 from attune.campaign.engine import BudgetExhausted, Campaign, CampaignSettings
 from attune.campaign.gate_runs import gate_reserve
+from attune.campaign.inputs import load_campaign_recipe
 from attune.errors import InputError
-from attune.recipe import Recipe, dump_recipe, load_recipe
+from attune.recipe import dump_recipe
 from attune.tracking import Tracker
 from tasks.campaign import (InfrastructureFault, correctness_gate, plan_next, publish_report, run_trial, ship,
                             update_lessons)
-
-
-def load_campaign_recipe(recipe_path: str, cluster: str | None = None, model_spec: str | None = None) -> Recipe:
-    from attune.layout import adapt_to_cluster
-    from attune.spec import parse_cluster_flag
-
-    recipe = load_recipe(recipe_path)
-    if model_spec:
-        recipe = recipe.with_model_spec(model_spec)
-    if cluster:
-        recipe = recipe.on_cluster(parse_cluster_flag(cluster, recipe.cluster))
-        config, _ = adapt_to_cluster(recipe.config, recipe.architecture, recipe.cluster)
-        recipe = recipe.with_config(config)
-    recipe.layout()
-    return recipe
 
 
 def _tags(c: Campaign) -> dict[str, str]:
@@ -60,7 +46,7 @@ def _measure(c: Campaign, tracker: Tracker, role: str, levers: dict[str, Any], p
 
     Tasks get the campaign quote()d: Prefect would otherwise walk every object in its state (all
     trials so far) to look for upstream futures, a third of a sim campaign's wall time."""
-    c.attempts, c.last_result = 0, None
+    c.attempts = 0
     try:
         result = run_trial.with_options(tags=_pool_tags(c))(quote(c), role, levers, reserve)
     except InfrastructureFault as fault:
@@ -173,3 +159,18 @@ def tune_campaign(recipe_path: str, budget_gpu_hours: float, stack: str = "sim",
     c.state.phase = "done"
     c.save()
     return Completed(message=result["stop_reason"], data=result)
+
+
+def run_campaign_for_seed(recipe_path: str, cluster: str, budget: float, seed: int = 0) -> Any:
+    """One sim campaign for seeding the leaderboard: the store entry it shipped, or None.
+
+    The campaign publishes what it ships to the default recipe store; the entry is read back
+    from there so the caller gets exactly what was stored.
+    """
+    from attune.store import open_store
+
+    result = tune_campaign(recipe_path, budget, cluster=cluster, seed=seed, quiet=True)
+    if not result["shipped"]:
+        return None
+    recipe = load_campaign_recipe(recipe_path, cluster)
+    return open_store(None).get(recipe.model_name, recipe.cluster.label, recipe.stack.fingerprint())

@@ -19,7 +19,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.states import Completed, Failed
 
-from attune.campaign.state import attune_home
+from attune.files import attune_home
 from attune.nightly import decide, shipped
 from attune.nightly.ledger import NightRecord, last_record, write_record
 from attune.nightly.measure import estimated_cost, shipped_recipe
@@ -27,7 +27,8 @@ from attune.nightly.registry import RegisteredRecipe, load_registry
 from attune.recipe import write_recipe
 from attune.store import open_store
 from attune.store.entry import now_iso
-from flows.campaign import load_campaign_recipe, tune_campaign
+from attune.campaign.inputs import load_campaign_recipe
+from flows.campaign import tune_campaign
 from tasks.nightly import detect_stack, nightly_summary, regression_report, remeasure_shipped, track_night
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attune.errors import InputError
+from attune.files import atomic_write_text
 
 OPTIONAL = ("eval_loss", "grad_norm", "expert_imbalance", "batch_hash")
 # Curve metrics the convergence check compares. grad_norm is read and kept as evidence but not
@@ -145,9 +146,7 @@ def read_curves(folder: Path | str) -> CurveSet:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    tmp.replace(path)
+    atomic_write_text(path, text)
 
 
 def write_curve(path: Path, rows: list[dict], step1: dict | None = None) -> None:

@@ -20,6 +20,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from attune.errors import InputError
+from attune.files import atomic_write_text
 from attune.proxy.config import ProxyConfig, proxy_config
 from attune.proxy.train import ProxyRun, run
 from attune.recipe import Recipe
@@ -97,10 +98,7 @@ def run_all(configs: list[ProxyConfig], workers: int = 1) -> list[ProxyRun]:
     for cfg, result in zip(todo, results):
         _CACHE[_key(cfg)] = result
         if disk is not None:  # written whole, then renamed: concurrent readers never see half a run
-            disk.mkdir(parents=True, exist_ok=True)
-            tmp = disk / f".{_key(cfg)}.{os.getpid()}.tmp"
-            tmp.write_text(result.model_dump_json())
-            tmp.replace(disk / f"{_key(cfg)}.json")
+            atomic_write_text(disk / f"{_key(cfg)}.json", result.model_dump_json())
     return [_CACHE[_key(cfg)] for cfg in configs]
 
 

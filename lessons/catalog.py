@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from attune.files import atomic_write_text, attune_home
 from attune.layout import Layout
 from attune.levers import Scalar, lever
 
@@ -116,8 +117,7 @@ def catalog_version() -> int:
 
 def user_evidence_file() -> Path:
     """Where finished campaigns append evidence: $ATTUNE_HOME/lessons-evidence.json."""
-    import os
-    return Path(os.environ.get("ATTUNE_HOME", ".attune")).resolve() / "lessons-evidence.json"
+    return attune_home() / "lessons-evidence.json"
 
 
 def load_evidence(extra_file: Path | None = None) -> list[Evidence]:
@@ -147,7 +147,4 @@ def append_evidence(path: Path, rows: list[Evidence]) -> None:
     """Add a campaign's outcomes to the evidence file (atomic rewrite)."""
     existing = json.loads(path.read_text()) if path.is_file() else []
     existing.extend(row.model_dump() for row in rows)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(existing, indent=1))
-    tmp.replace(path)
+    atomic_write_text(path, json.dumps(existing, indent=1))

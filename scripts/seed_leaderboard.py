@@ -5,7 +5,7 @@
     .venv/bin/python scripts/seed_leaderboard.py --only llama3_8b --budget 32
     .venv/bin/python scripts/seed_leaderboard.py --dry-run       # print the plan, run nothing
 
-Contract with the campaign: `attune.campaign.run_campaign_for_seed(recipe_path, cluster, budget)`
+Contract with the campaign: `flows.campaign.run_campaign_for_seed(recipe_path, cluster, budget)`
 (recipe_path: str, cluster: "h100:8", budget: GPU-hours) returns a StoreEntry (or its dict) for
 the recipe the campaign ended with, or None when it has nothing to record. Unverified entries are
 stored too (the store ranks them below any verified one) but never reach the board.
@@ -89,9 +89,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"on {cluster}, budget {budget:g} GPU-h")
         return 0
     try:
-        from attune.campaign import run_campaign_for_seed
+        from flows.campaign import run_campaign_for_seed
     except ImportError as err:
-        print(f"seed_leaderboard: attune.campaign.run_campaign_for_seed is not available yet ({err})",
+        print(f"seed_leaderboard: flows.campaign.run_campaign_for_seed is not available yet ({err})",
               file=sys.stderr)
         return 2
     report = seed(runs, open_store(args.store), run_campaign_for_seed)

@@ -38,7 +38,6 @@ def _only_infrastructure_faults(task, task_run, state) -> bool:
 def run_trial(c: Campaign, role: str, levers: dict[str, Any], reserve: float = 0.0) -> TrialResult:
     c.attempts += 1
     result = engine.execute_attempt(c, role, levers, reserve)
-    c.last_result = result
     if result.status in RETRYABLE:
         raise InfrastructureFault(result)
     return result

@@ -12,7 +12,7 @@ from attune.bench.trajectory import incumbent_trajectory
 from attune.campaign import engine
 from attune.campaign.engine import BudgetExhausted, CampaignSettings
 from attune.planners.registry import make_planner
-from flows.campaign import load_campaign_recipe
+from attune.campaign.inputs import load_campaign_recipe
 
 RECIPE = REPO / "recipes" / "public" / "llama3_8b.toml"
 

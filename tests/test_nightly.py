@@ -41,7 +41,7 @@ def test_the_production_registry_loads_with_its_defaults():
     real = [r for r in reg.recipes if r.stack == "torchtitan"]
     assert real and real[0].pool == "attune-gpu-k8s" and not real[0].enabled
     from attune.nightly.measure import estimated_cost
-    from flows.campaign import load_campaign_recipe
+    from attune.campaign.inputs import load_campaign_recipe
 
     for r in enabled:  # each loads on its production cluster, and a night can pay for its re-measure
         recipe = load_campaign_recipe(r.path, r.cluster)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -125,7 +126,7 @@ def test_open_store_uris(tmp_path, monkeypatch):
     assert default_store_uri() == str(tmp_path / "home" / "store")
     assert isinstance(open_store(None).blobs, LocalBlobs)
     monkeypatch.delenv("ATTUNE_HOME")
-    assert default_store_uri() == ".attune/store"
+    assert default_store_uri() == str(Path(".attune").resolve() / "store")  # one $ATTUNE_HOME, resolved
     monkeypatch.setenv("ATTUNE_STORE", str(tmp_path / "elsewhere"))
     assert open_store(None).location == str(tmp_path / "elsewhere")
     assert open_store(f"file://{tmp_path}/x").location == f"{tmp_path}/x"

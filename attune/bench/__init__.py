@@ -2,7 +2,7 @@
 scored on the simulated ground truth (noise off) so seeds and planners are comparable.
 
     request.py   what to run: recipes, planner variants (ablations included), budget, seeds
-    cell.py      one campaign in a worker process (its own ATTUNE_HOME / PREFECT_HOME / MLflow)
+    score.py     a finished campaign scored on the ground truth (flows/bench_pool.py runs it in a worker)
     truth.py     the evaluator: ground-truth throughput of a layout and the oracle (never a planner)
     summary.py   per recipe and planner: gains with a 95% interval, oracle share, GPU-hours, payback
     report.py    markdown tables, JSON, PNG plots

@@ -101,7 +101,7 @@ def parse_planners(text: str, disable_rules: list[str] | None = None, ablations:
 def bench_recipes(paths: list[str], cluster: str | None = None, model_spec: str | None = None,
                   budget_gpu_hours: float | None = None) -> list[BenchRecipe]:
     """Load and validate every recipe up front (a bad one is refused before any campaign runs)."""
-    from flows.campaign import load_campaign_recipe
+    from attune.campaign.inputs import load_campaign_recipe
 
     if not paths:
         raise InputError("--recipes", "name at least one recipe file")

@@ -30,7 +30,7 @@ def oracle_json(recipe_json: str) -> dict[str, Any]:
     """The oracle of a benchmark recipe (run in a worker process; the argument is a BenchRecipe)."""
     from attune.bench.request import BenchRecipe
     from attune.sim.oracle import oracle
-    from flows.campaign import load_campaign_recipe
+    from attune.campaign.inputs import load_campaign_recipe
 
     bench = BenchRecipe.model_validate_json(recipe_json)
     recipe = load_campaign_recipe(bench.path, bench.cluster, bench.model_spec)

@@ -17,7 +17,8 @@ from attune.campaign.budget import Budget, gpu_hours
 from attune.campaign.diagnosis import diagnose
 from attune.campaign.gate_runs import probe_layout
 from attune.campaign.noise import MIN_RELATIVE_SD, clears_band, gain_is_real, relative_sd, search_band
-from attune.campaign.state import CampaignState, PendingTrial, Role, TrialRecord, attune_home, campaign_id
+from attune.campaign.state import CampaignState, PendingTrial, Role, TrialRecord, campaign_id
+from attune.files import attune_home
 from attune.campaign.tier import gate_verdict
 from attune.errors import InputError
 from attune.planners.base import Observation, PlannerView, Proposal
@@ -68,7 +69,6 @@ class Campaign:
     stack: Any
     planner: Any
     attempts: int = 0                       # attempts of the trial in flight (retries included)
-    last_result: TrialResult | None = None  # its latest result, also when the last attempt failed
     quiet: bool = False                     # no progress lines
     say: Any = None                         # callable(text): a progress line (the flow sets it)
     gpu_pool: str | None = None             # tag of the trial tasks: gpu-pool:<name> (concurrency limits)

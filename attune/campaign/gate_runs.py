@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attune.campaign.state import attune_home
+from attune.files import atomic_write_text, attune_home
 from attune.levers import levers_text
 from attune.recipe import Recipe
 from attune.space import config_for
@@ -60,10 +60,7 @@ def gate_report(c: Campaign, candidate: Recipe, workdir: Path, trainer: str | No
     else:
         report = gate.verify(c.recipe, candidate, workdir, steps=c.settings.gate_steps, seed=seed)
     verdict = report.model_dump(mode="json")
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cached.with_suffix(".tmp")
-    tmp.write_text(json.dumps(verdict))
-    tmp.replace(cached)
+    atomic_write_text(cached, json.dumps(verdict))
     return verdict
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,14 +16,11 @@ from pydantic import BaseModel
 
 from attune.campaign.budget import Budget
 from attune.campaign.diagnosis import Symptom
+from attune.files import atomic_write_text
 from attune.stacks.base import TrialResult
 
 Role = Literal["baseline", "trial", "confirm"]
 Phase = Literal["baseline", "search", "confirm", "gate", "done"]
-
-
-def attune_home() -> Path:
-    return Path(os.environ.get("ATTUNE_HOME", ".attune")).resolve()
 
 
 class TrialRecord(BaseModel):
@@ -96,10 +92,7 @@ class CampaignState(BaseModel):
 
     # --- persistence ---------------------------------------------------------------------------
     def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(self.model_dump_json(indent=1))
-        os.replace(tmp, path)
+        atomic_write_text(path, self.model_dump_json(indent=1))
 
     @classmethod
     def load(cls, path: Path) -> "CampaignState":

@@ -57,7 +57,7 @@ def _validate(args: argparse.Namespace, planner_options: dict) -> None:
     """Everything that can be refused is refused here, before a flow run or any file exists."""
     from attune.planners.registry import make_planner
     from attune.stacks.registry import make_stack
-    from flows.campaign import load_campaign_recipe
+    from attune.campaign.inputs import load_campaign_recipe
 
     recipe = load_campaign_recipe(args.recipe, args.cluster, args.model_spec)
     make_stack(args.stack)

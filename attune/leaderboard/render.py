@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from attune.leaderboard.rows import Board, BoardRow, board_json
+from attune.leaderboard.rows import Board, board_json
 
 COST_NOTE = ("Cost per million tokens = price per GPU-hour × GPUs ÷ tokens per hour × 10⁶ "
              "(prices: attune/data/accelerators.toml, override with ATTUNE_PRICES or the recipe's "
@@ -45,10 +45,6 @@ def fmt_tps(tps: float) -> str:
 
 def fmt_cost(cost: float) -> str:
     return f"${cost:.4f}" if cost < 1 else f"${cost:,.2f}"
-
-
-def measured_label(row: BoardRow) -> str:
-    return "simulated" if row.simulated else "hardware"
 
 
 def render_json(board: Board) -> str:

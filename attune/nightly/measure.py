@@ -10,6 +10,7 @@ import tomllib
 from pathlib import Path
 
 from attune.campaign.budget import gpu_hours
+from attune.files import atomic_write_text
 from attune.nightly.regression import Remeasure, judge
 from attune.nightly.registry import RegisteredRecipe
 from attune.recipe import Recipe, recipe_from_dict
@@ -47,8 +48,5 @@ def remeasure(entry: StoreEntry, recipe: Recipe, registered: RegisteredRecipe, w
             samples.append(float(result.tokens_per_sec_per_gpu))
     found = judge(samples, statuses, entry.tokens_per_sec_per_gpu, entry.stack_fingerprint, spent,
                   floor=registered.regression_floor, confidence=registered.confidence)
-    workdir.mkdir(parents=True, exist_ok=True)
-    tmp = saved.with_suffix(".tmp")
-    tmp.write_text(found.model_dump_json(indent=1))
-    tmp.replace(saved)
+    atomic_write_text(saved, found.model_dump_json(indent=1))
     return found

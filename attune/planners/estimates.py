@@ -44,9 +44,6 @@ class RankedLayouts(Sequence):
             return [self[j] for j in range(*i.indices(len(self)))]
         return self._arrays.layout(int(self._order[i])).levers()
 
-    def predicted_tps(self, i: int) -> float:
-        return float(self._tps[self._order[i]])
-
 
 def rank_layouts(recipe: Recipe, headroom: float = 0.0) -> RankedLayouts:
     """Every valid layout of the recipe's lever space the estimator predicts to fit, best first;

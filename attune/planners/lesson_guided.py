@@ -51,7 +51,6 @@ from attune.errors import InputError
 from attune.layout import AC_MODE, FLOAT8, LOCAL_BATCH, Layout, apply_levers, resolve_layout
 from attune.levers import Scalar
 from attune.campaign.budget import hours_text
-from attune.campaign.tier import gate_verdict
 from attune.planners.gate_rules import GateRules
 from attune.planners.base import Observation, PlannerView, Proposal
 from attune.planners.estimates import predict
@@ -391,7 +390,3 @@ def _predicted_gain(recipe: Recipe, incumbent: Layout, levers: dict[str, Scalar]
     """The public estimator's relative gain of these levers over the incumbent."""
     there = predict(recipe, resolve_layout(config_for(recipe, levers), recipe.architecture, recipe.cluster))
     return there.tokens_per_sec_per_gpu / predict(recipe, incumbent).tokens_per_sec_per_gpu - 1
-
-
-def gate_accepts(recipe: Recipe, levers: dict[str, Scalar]) -> bool:
-    return gate_verdict(recipe, levers)[0]

@@ -133,7 +133,3 @@ def memory_params(stack: str = "torchtitan") -> MemoryParams:
 @functools.cache
 def hardware_params() -> HardwareParams:
     return HardwareParams(**_table()["hardware"])
-
-
-def stack_names() -> list[str]:
-    return list(_table()["stacks"])

@@ -8,9 +8,9 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from attune.errors import InputError
+from attune.files import attune_home
 from attune.store.base import RecipeStore, StoreError
 from attune.store.entry import (StoreEntry, better, cost_per_million_tokens, entry_for_recipe, entry_key,
                                 rank)
@@ -22,7 +22,7 @@ __all__ = ["RecipeStore", "StoreEntry", "StoreError", "better", "cost_per_millio
 
 def default_store_uri() -> str:
     """$ATTUNE_STORE if set, else the store folder under $ATTUNE_HOME (./.attune when unset)."""
-    return os.environ.get("ATTUNE_STORE") or str(Path(os.environ.get("ATTUNE_HOME") or ".attune") / "store")
+    return os.environ.get("ATTUNE_STORE") or str(attune_home() / "store")
 
 
 def open_store(uri: str | None = None) -> RecipeStore:

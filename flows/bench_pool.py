@@ -1,16 +1,20 @@
-"""One benchmark campaign, run in a worker process: the real campaign flow on the sim stack, then
-scored on the ground truth by the evaluator (attune/bench/truth.py; the planner never sees it).
+"""The worker processes benchmark campaigns run in: each runs the real campaign flow
+(flows/campaign.py) on the sim stack, then has it scored on the ground truth (attune/bench/score.py).
 
-Each worker process has its own ATTUNE_HOME, PREFECT_HOME and MLflow SQLite file (set by
-`init_worker` before Prefect or MLflow are imported), so two campaigns never write one SQLite file.
-Lessons evidence a campaign appends is dropped before the next one: every benchmark campaign starts
-from the shipped catalog, so seeds are independent and the order cells run in does not matter.
+Spawned (not forked) so each worker imports Prefect and MLflow after init_worker has pointed them
+at that worker's own homes; the pool outlives the cells so each worker starts its Prefect API once.
+Each worker process has its own ATTUNE_HOME, PREFECT_HOME and MLflow SQLite file, so two campaigns
+never write one SQLite file. Lessons evidence a campaign appends is dropped before the next one:
+every benchmark campaign starts from the shipped catalog, so seeds are independent and the order
+cells run in does not matter.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import time
+from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +68,7 @@ def _share_gate_work(cache: Path, attune_home: Path) -> None:
 def run_cell(cell_json: str) -> dict[str, Any]:
     """Run one campaign and score it; never raises (a failed cell says why in `error`)."""
     from attune.bench.request import BenchCell
+    from attune.bench.score import score_campaign
 
     cell = BenchCell.model_validate_json(cell_json)
     started = time.monotonic()
@@ -97,38 +102,56 @@ def _drop_campaign_evidence() -> None:
     user_evidence_file().unlink(missing_ok=True)
 
 
-def score_campaign(cell, result: dict[str, Any]) -> dict[str, Any]:
-    """The campaign's result plus its ground-truth score and its incumbent trajectory (each point
-    the ground-truth gain of what the campaign would ship if it stopped there)."""
-    from attune.bench.trajectory import shipped_trajectory
-    from attune.bench.truth import truth_tps
-    from attune.campaign.state import CampaignState
-    from flows.campaign import load_campaign_recipe
+_POOL: ProcessPoolExecutor | None = None
 
-    recipe = load_campaign_recipe(cell.recipe.path, cell.recipe.cluster, cell.recipe.model_spec)
-    state = CampaignState.load(Path(result["campaign_dir"]) / "state.json")
-    baseline_levers = recipe.layout().levers()
-    shipped_levers = result["best"]["levers"] if result["shipped"] else baseline_levers
-    cache: dict[str, float] = {}
 
-    def tps(levers: dict) -> float:
-        key = repr(sorted(levers.items()))
-        if key not in cache:
-            cache[key] = truth_tps(recipe, levers)
-        return cache[key]
+def default_workers() -> int:
+    """One worker per core the process may use (2 on the shared development machine)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
 
-    gate = result.get("gate") or None
-    base = tps(baseline_levers)
-    trajectory = [[h, tps(levers) / base - 1.0] for h, levers in shipped_trajectory(state, recipe)]
-    shipped = tps(shipped_levers)
-    # what the search settled on, before the gate (and before any fallback from a refused float8 candidate)
-    searched = tps(state.rejected[0]["levers"] if state.rejected else state.incumbent_record.levers)
-    trajectory.append([result["gpu_hours_used"], shipped / base - 1.0])
-    baseline_hours = sum(t.result.gpu_hours for t in state.trials if t.role == "baseline")
-    return {"baseline_gpu_hours": baseline_hours, "gain": shipped / base - 1.0, "search_gain": searched / base - 1.0, "measured_gain": result["gain"], "truth_baseline_tps": base,
-            "truth_shipped_tps": shipped, "trajectory": trajectory,
-            "tps_trajectory": [[h, (1.0 + g) * base] for h, g in trajectory],
-            "gpu_hours_used": result["gpu_hours_used"], "trials": result["trials"], "shipped": result["shipped"],
-            "gate_passed": (bool(gate.get("passed")) if gate else None), "stop_reason": result["stop_reason"],
-            "gate_runs": len(state.rejected) + (1 if gate else 0), "fell_back": bool(state.rejected),
-            "shipped_levers": shipped_levers, "campaign_id": result["campaign_id"]}
+
+def open_pool(workers: int, homes: Path, prefect_api_url: str | None = None,
+              gate_cache: Path | None = None) -> ProcessPoolExecutor:
+    global _POOL
+    close_pool()
+    homes.mkdir(parents=True, exist_ok=True)
+    _POOL = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                                initializer=init_worker,
+                                initargs=(str(homes), prefect_api_url, str(gate_cache) if gate_cache else None))
+    return _POOL
+
+
+def current_prefect_api() -> str | None:
+    """The API this process's flow runs talk to: PREFECT_API_URL, or the ephemeral server Prefect
+    started for this process (so workers report to it instead of starting servers of their own)."""
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value()
+    if url:
+        return url
+    try:
+        from prefect.server.api.server import SubprocessASGIServer
+        server = SubprocessASGIServer()
+        return server.api_url if server.running else None
+    except Exception:  # noqa: BLE001 - an internal of Prefect's; without it workers start their own
+        return None
+
+
+def submit(function, *args) -> Future:
+    if _POOL is None:
+        raise RuntimeError("open_pool() first")
+    return _POOL.submit(function, *args)
+
+
+def submit_cell(cell_json: str) -> Future:
+    return submit(run_cell, cell_json)
+
+
+def close_pool() -> None:
+    global _POOL
+    if _POOL is not None:
+        _POOL.shutdown(wait=True, cancel_futures=True)
+        _POOL = None

@@ -8,8 +8,9 @@ from typing import Any
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.utilities.annotations import quote
 
-from attune.campaign import engine, finish
+from attune.campaign import engine, finish, gate_runs
 from attune.campaign.engine import RETRYABLE, Campaign
 from attune.campaign.report import report_markdown
 from attune.stacks.base import TrialResult
@@ -43,9 +44,16 @@ def run_trial(c: Campaign, role: str, levers: dict[str, Any], reserve: float = 0
     return result
 
 
+@task(name="gate-probe", cache_policy=NO_CACHE)
+def gate_probe(c: Campaign, levers: dict[str, Any]) -> bool:
+    """The gate on the proxy for a layout the planner is about to propose (its own task run, inside
+    plan-next, so the proxy's training shows in the UI)."""
+    return gate_runs.probe_layout(c, levers)
+
+
 @task(name="plan-next", cache_policy=NO_CACHE)
 def plan_next(c: Campaign):
-    return engine.next_proposal(c)
+    return engine.next_proposal(c, gate_probe=lambda levers: gate_probe(quote(c), levers))
 
 
 @task(name="correctness-gate", cache_policy=NO_CACHE, persist_result=True)

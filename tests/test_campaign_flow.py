@@ -60,6 +60,10 @@ def test_campaign_end_to_end_with_prefect_and_mlflow(cli, tmp_path):
     assert parents == 1
     models = db.execute("select distinct value from tags where key='attune.model'").fetchall()
     assert models == [("llama3.1-8b",)]
+    # Prefect: each gate probe (the proxy trained before a float8 trial) is a task run of its own
+    prefect_db = sqlite3.connect(tmp_path / ".prefect" / "prefect.db")
+    probes = prefect_db.execute("select count(*) from task_run where name like 'gate-probe-%'").fetchone()[0]
+    assert probes >= len(result["gate_probes"]) and (probes > 0) == bool(result["gate_probes"])
 
 
 def test_rerunning_a_finished_campaign_returns_it_without_spending(cli, tmp_path):

@@ -11,11 +11,11 @@ import math
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from attune.campaign.budget import Budget, gpu_hours
 from attune.campaign.diagnosis import diagnose
-from attune.campaign.gate_runs import probe_layout
 from attune.campaign.noise import MIN_RELATIVE_SD, clears_band, gain_is_real, relative_sd, search_band
 from attune.campaign.state import CampaignState, PendingTrial, Role, TrialRecord, campaign_id
 from attune.files import attune_home
@@ -229,7 +229,13 @@ def baseline_failed(c: Campaign) -> str | None:
     return None
 
 
-def planner_view(c: Campaign) -> PlannerView:
+def planner_view(c: Campaign, gate_probe: Callable[[dict[str, Any]], bool] | None = None) -> PlannerView:
+    """What the planner may see: the measured trials, the budget and what a layout would cost
+    (its replicates and, on torchtitan, its gate's runs), and `gate_probe`, the gate asked about a
+    layout before it is measured (by default gate_runs.probe_layout; the flow passes its own
+    Prefect task)."""
+    from attune.campaign.gate_runs import gate_reserve, probe_layout
+
     incumbent = c.state.incumbent_record
     history = [Observation(levers=t.levers, result=t.result, diagnosis=[s.id for s in t.diagnosis], move=t.move)
                for t in c.state.trials]
@@ -237,17 +243,17 @@ def planner_view(c: Campaign) -> PlannerView:
                        incumbent=incumbent.levers, incumbent_tps=mean_tps(c, incumbent.levers),
                        noise_band=c.state.noise_band or 0.0, budget_left_gpu_hours=c.state.budget.left,
                        trial_cost_gpu_hours=c.estimated_cost,
-                       affordable=lambda levers: c.state.budget.can_afford(c.settings.replicates
-                                                                           * c.estimated_cost(levers)),
-                       gate_probe=lambda levers: probe_layout(c, levers))
+                       affordable=lambda levers: c.state.budget.can_afford(
+                           c.settings.replicates * c.estimated_cost(levers) + gate_reserve(c, levers)),
+                       gate_probe=gate_probe or (lambda levers: probe_layout(c, levers)))
 
 
-def next_proposal(c: Campaign) -> Proposal | None:
+def next_proposal(c: Campaign, gate_probe: Callable[[dict[str, Any]], bool] | None = None) -> Proposal | None:
     """The planner's next move, or None with state.stop_reason set."""
     if len([t for t in c.state.trials if t.role == "trial"]) >= c.settings.max_trials:
         c.state.stop_reason = f"trial cap reached ({c.settings.max_trials})"
         return None
-    proposal = c.planner.propose(planner_view(c))
+    proposal = c.planner.propose(planner_view(c, gate_probe))
     if getattr(c.planner, "usage", None):
         c.state.llm_usage = dict(c.planner.usage)
     if proposal is None:

@@ -13,6 +13,7 @@ on those batches (with one, the proxy study rejected 5 of 5 benign layouts).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import time
@@ -63,6 +64,21 @@ def _source_version() -> str:
     for path in sorted(root.glob("*.py")) + sorted(root.glob("*.toml")):
         digest.update(path.read_bytes())
     return digest.hexdigest()[:10]
+
+
+@functools.cache
+def code_version() -> str:
+    """A digest of the code a verdict depends on: the gate, the proxy, and the torchtitan overrides
+    its real-trainer runs load. Cached verdicts are keyed by it, so a changed gate never reuses
+    what an older one decided."""
+    repo = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha1()
+    for folder in (repo / "gate", repo / "attune" / "proxy"):
+        for path in sorted(folder.glob("*.py")) + sorted(folder.glob("*.toml")):
+            digest.update(path.read_bytes())
+    for name in ("recorder.py", "faults.py", "cpu.py"):
+        digest.update((repo / "attune" / "stacks" / "torchtitan" / name).read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def _key(cfg: ProxyConfig) -> str:

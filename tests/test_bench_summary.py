@@ -55,6 +55,22 @@ def test_summary_rows_carry_the_documented_fields():
     assert rnd["best_gain"] == pytest.approx(0.2)
 
 
+def test_a_shipped_change_that_is_not_faster_on_the_truth_is_a_false_gain():
+    # a well-tuned recipe: one seed of "topk" ships a layout 1% slower on the truth, another keeps it
+    cells = [_cell("attune", s, 0.0, [[5.0, 0.0]]) for s in range(2)]
+    cells += [_cell("topk", 0, -0.01, [[5.0, 0.0]]) | {"shipped": True}, _cell("topk", 1, 0.0, [[5.0, 0.0]]),
+              _cell("topk", 2, 0.05, [[5.0, 0.0], [20.0, 0.05]])]
+    for cell in cells:
+        cell["truth_baseline_tps"] = 1000.0
+    rows = {r["planner"]: r for r in summarize(cells, {"r@h100:64": {"tokens_per_sec_per_gpu": 1020.0}})}
+    assert rows["attune"]["false_gain_share"] == 0.0 and rows["attune"]["headroom"] == pytest.approx(0.02)
+    assert rows["topk"]["false_gain_share"] == pytest.approx(1 / 3)   # the +5% seed is a real gain
+    # nothing to find: the target is keeping the recipe, not out-gaining the others
+    checks = check_targets(list(rows.values()))
+    assert [c["target"] for c in checks if c["target"] != "budget"] == ["keeps-tuned-recipe"]
+    assert checks[1]["holds"] is True
+
+
 def test_targets_compare_attune_with_each_baseline():
     def row(planner, gain, h95, share=0.9, search_h95=None):
         return {"recipe": "r", "planner": planner, "mean_gain": gain, "gpu_hours_to_95": h95, "max_budget_share": share,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -82,3 +83,19 @@ def test_curves_only_failure_is_confirmed_by_an_independent_run(base, tmp_path, 
     verdict = pipeline.converge(base, candidate, check_config(base, candidate), tmp_path, 3, 2, 0)
     assert seen == [pipeline.CANDIDATE_NOISE, pipeline.CONFIRM_NOISE]
     assert verdict.passed is True and verdict.reason.startswith("confirmation run")
+
+
+def test_cached_verdicts_are_keyed_by_the_gate_code(tmp_path):
+    """A verdict cached by an older gate is never reused: the key holds a digest of the gate's code."""
+    from gate.pipeline import code_version
+    version = code_version()
+    assert len(version) == 12 and version == code_version()
+    probe = Path(__file__).resolve().parent.parent / "gate" / "_version_probe.py"
+    probe.write_text("# a change to the gate\n")
+    try:
+        code_version.cache_clear()
+        assert code_version() != version
+    finally:
+        probe.unlink()
+        code_version.cache_clear()
+    assert code_version() == version

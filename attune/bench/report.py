@@ -29,20 +29,21 @@ def _num(x: float | None, fmt: str = "{:.1f}") -> str:
 
 def main_table(rows: list[dict]) -> str:
     head = ("| recipe | planner | mean gain [95% CI] | best gain | oracle share | GPU-h used / budget "
-            "| GPU-h to 95% (start / after baseline) | gate pass | payback h | search gain (pre-gate) |")
-    lines = [head, "|" + "---|" * 10]
+            "| GPU-h to 95% (start / after baseline) | gate pass | payback h | search gain (pre-gate) | false gains |")
+    lines = [head, "|" + "---|" * 11]
     for r in rows:
         if r["planner"].startswith(ABLATION_PREFIX):
             continue
         if r.get("mean_gain") is None:
-            lines.append(f"| {r['recipe']} | {r['planner']} | error: {str(r.get('error'))[:80]} |  |  |  |  |  |  |  |")
+            lines.append(f"| {r['recipe']} | {r['planner']} | error: {str(r.get('error'))[:80]} |  |  |  |  |  |  |  |  |")
             continue
         lo, hi = r["ci95"]
         lines.append(
             f"| {r['recipe']} | {r['planner']} | {_pct(r['mean_gain'])} [{_pct(lo)}, {_pct(hi)}] "
             f"| {_pct(r['best_gain'])} | {_pct(r['oracle_share'], False)} "
             f"| {_num(r['gpu_hours_used'])} / {_num(r['budget_gpu_hours'], '{:g}')} | {_num(r['gpu_hours_to_95'])} / "
-            f"{_num(r.get('search_gpu_hours_to_95'))} | {_pct(r['gate_pass_rate'], False)} | {_num(r['payback_hours'])} | {_pct(r.get('search_gain'))} |")
+            f"{_num(r.get('search_gpu_hours_to_95'))} | {_pct(r['gate_pass_rate'], False)} | {_num(r['payback_hours'])} "
+            f"| {_pct(r.get('search_gain'))} | {_pct(r.get('false_gain_share'), False)} |")
     return "\n".join(lines)
 
 

@@ -22,6 +22,9 @@ in what the planner chose, not in the noise that happened to hit the final measu
                     float8 candidate was refused gates its fallback too; None: nothing gated)
   payback_hours     hours of training on the recipe's cluster that repay the mean GPU-hours spent
                     at the mean gain (attune.campaign.payback); None without a positive gain
+  headroom          the oracle's gain over the recipe (what there was to find; None without an oracle)
+  false_gain_share  campaigns that shipped a change whose ground-truth gain is not positive, over all
+                    (a measured "gain" that was noise: the case a well-tuned recipe tests)
 Extras: search_gain (mean ground-truth gain of the layout the search settled on, before the gate:
 what the planner found, whether or not it could ship), shipped_share, trials, max_budget_share.
 """
@@ -100,7 +103,7 @@ def summarize(cells: list[dict], oracle: dict[str, dict]) -> list[dict]:
         if not ok:
             rows.append(row | {k: None for k in ("mean_gain", "best_gain", "ci95", "oracle_share", "gpu_hours_used",
                                                  "gpu_hours_to_95", "search_gpu_hours_to_95", "gate_pass_rate",
-                                                 "payback_hours",
+                                                 "payback_hours", "false_gain_share",
                                                  "max_budget_share")}
                         | {"error": group[0].get("error")})
             continue
@@ -125,6 +128,9 @@ def summarize(cells: list[dict], oracle: dict[str, dict]) -> list[dict]:
             "payback_hours": payback_hours(used, mean_gain, ok[0]["gpus"]),
             "max_budget_share": max(c["gpu_hours_used"] / c["budget_gpu_hours"] for c in ok),
             "shipped_share": sum(bool(c["shipped"]) for c in ok) / len(ok),
+            "false_gain_share": sum(bool(c["shipped"]) and c["gain"] <= 0 for c in ok) / len(ok),
+            "headroom": (best_tps / ok[0]["truth_baseline_tps"] - 1.0
+                         if best_tps and ok[0].get("truth_baseline_tps") else None),
             "search_gain": float(np.mean([c.get("search_gain", c["gain"]) for c in ok])),
             "trials": mean(c["trials"] for c in ok),
         }

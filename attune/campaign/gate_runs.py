@@ -1,8 +1,10 @@
 """The correctness gate on one layout of a campaign, cached by content.
 
 The gate is deterministic in its inputs (recipes, steps, seed), so its verdicts are cached under
-$ATTUNE_HOME/gate-cache: benchmark campaigns that gate the same recipe share them, and a layout the
-planner probed before measuring it is not trained on the proxy again when it is gated at the end.
+$ATTUNE_HOME/gate-cache, keyed by those inputs and the gate's code version (a changed gate never
+reuses an older one's verdicts): benchmark campaigns that gate the same recipe share them, and a
+layout the planner probed before measuring it is not trained on the proxy again when it is gated
+at the end.
 
 Which trainer the convergence check watches follows the campaign's stack: on the sim stack the CPU
 proxy (attune/proxy: no GPU-hours), on the torchtitan stack real torchtitan runs of the baseline
@@ -36,12 +38,13 @@ def gate_report(c: Campaign, candidate: Recipe, workdir: Path, trainer: str | No
     """The gate's report (as JSON) on `candidate` against the campaign's recipe; `trainer` forces
     whose curves it reads (a probe always asks the proxy), by default the campaign's own."""
     import gate
+    from gate.pipeline import code_version
 
     seed = c.settings.seed if c.settings.gate_seed is None else c.settings.gate_seed
     trainer = trainer or gate_trainer(c)
     key = hashlib.sha256(json.dumps([c.recipe.config, candidate.config, c.recipe.stack.model_dump(),
-                                     c.recipe.cluster.model_dump(), c.settings.gate_steps, seed, gate.__name__,
-                                     trainer], sort_keys=True, default=str).encode()).hexdigest()[:20]
+                                     c.recipe.cluster.model_dump(), c.settings.gate_steps, seed,
+                                     code_version(), trainer], sort_keys=True, default=str).encode()).hexdigest()[:20]
     cached = attune_home() / "gate-cache" / f"{key}.json"
     if cached.is_file():
         return json.loads(cached.read_text()) | {"cached": True}

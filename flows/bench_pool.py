@@ -18,10 +18,6 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-# Variables that make a worker's Prefect and MLflow its own (values filled in by init_worker).
-_OWN_SQLITE = ("ATTUNE_HOME", "PREFECT_HOME")
-
-
 def init_worker(base: str, prefect_api_url: str | None = None, gate_cache: str | None = None) -> None:
     """Process-pool initializer: this worker's homes under `base`, its output in worker.log there,
     one thread per math library (the machine's cores are shared by the workers), Prefect and MLflow

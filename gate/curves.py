@@ -145,10 +145,6 @@ def read_curves(folder: Path | str) -> CurveSet:
     return CurveSet(baselines=runs[:-1], candidate=runs[-1], manifest=manifest)
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    atomic_write_text(path, text)
-
-
 def write_curve(path: Path, rows: list[dict], step1: dict | None = None) -> None:
     """One run as CSV (+ its step-1 JSON), each file written whole or not at all."""
     columns = ["step", "loss"] + [c for c in OPTIONAL if rows and rows[0].get(c) is not None]
@@ -157,13 +153,13 @@ def write_curve(path: Path, rows: list[dict], step1: dict | None = None) -> None
     writer.writerow(columns)
     for row in rows:
         writer.writerow([row[c] if c in ("step", "batch_hash") else repr(float(row[c])) for c in columns])
-    _atomic_write(path, buf.getvalue())
+    atomic_write_text(path, buf.getvalue())
     if step1 is not None:
-        _atomic_write(path.with_suffix(".step1.json"), json.dumps(step1, indent=1, sort_keys=True))
+        atomic_write_text(path.with_suffix(".step1.json"), json.dumps(step1, indent=1, sort_keys=True))
 
 
 def write_manifest(folder: Path, manifest: dict) -> None:
-    _atomic_write(folder / "manifest.json", json.dumps(manifest, indent=1, sort_keys=True))
+    atomic_write_text(folder / "manifest.json", json.dumps(manifest, indent=1, sort_keys=True))
 
 
 def write_folder(folder: Path, runs: dict[str, tuple[list[dict], dict | None]], manifest: dict,

@@ -58,12 +58,24 @@ def plan_runs(baseline: Recipe, candidate: Recipe, steps: int, replicates: int, 
     return plan
 
 
-def _source_version() -> str:
-    root = Path(__file__).resolve().parent.parent / "attune" / "proxy"
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _digest(paths: list[Path], length: int) -> str:
     digest = hashlib.sha1()
-    for path in sorted(root.glob("*.py")) + sorted(root.glob("*.toml")):
+    for path in paths:
         digest.update(path.read_bytes())
-    return digest.hexdigest()[:10]
+    return digest.hexdigest()[:length]
+
+
+def _sources(folder: Path) -> list[Path]:
+    return sorted(folder.glob("*.py")) + sorted(folder.glob("*.toml"))
+
+
+@functools.cache
+def _source_version() -> str:
+    """The proxy's code: proxy runs cached on disk are keyed by it."""
+    return _digest(_sources(REPO / "attune" / "proxy"), 10)
 
 
 @functools.cache
@@ -71,14 +83,9 @@ def code_version() -> str:
     """A digest of the code a verdict depends on: the gate, the proxy, and the torchtitan overrides
     its real-trainer runs load. Cached verdicts are keyed by it, so a changed gate never reuses
     what an older one decided."""
-    repo = Path(__file__).resolve().parent.parent
-    digest = hashlib.sha1()
-    for folder in (repo / "gate", repo / "attune" / "proxy"):
-        for path in sorted(folder.glob("*.py")) + sorted(folder.glob("*.toml")):
-            digest.update(path.read_bytes())
-    for name in ("recorder.py", "faults.py", "cpu.py"):
-        digest.update((repo / "attune" / "stacks" / "torchtitan" / name).read_bytes())
-    return digest.hexdigest()[:12]
+    overrides = REPO / "attune" / "stacks" / "torchtitan"
+    return _digest(_sources(REPO / "gate") + _sources(REPO / "attune" / "proxy")
+                   + [overrides / name for name in ("recorder.py", "faults.py", "cpu.py")], 12)
 
 
 def _key(cfg: ProxyConfig) -> str:

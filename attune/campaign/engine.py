@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import math
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 from attune.campaign.budget import Budget, gpu_hours
 from attune.campaign.diagnosis import diagnose
 from attune.campaign.noise import MIN_RELATIVE_SD, clears_band, gain_is_real, relative_sd, search_band
 from attune.campaign.state import CampaignState, PendingTrial, Role, TrialRecord, campaign_id
-from attune.files import attune_home
 from attune.campaign.tier import gate_verdict
 from attune.errors import InputError
+from attune.files import attune_home
 from attune.planners.base import Observation, PlannerView, Proposal
 from attune.planners.registry import make_planner
 from attune.recipe import Recipe, dump_recipe

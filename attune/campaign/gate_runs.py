@@ -25,6 +25,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from attune.campaign.budget import gpu_hours
 from attune.files import atomic_write_text, attune_home
 from attune.levers import levers_text
 from attune.recipe import Recipe
@@ -50,7 +51,7 @@ def gate_report(c: Campaign, candidate: Recipe, workdir: Path, trainer: str | No
         return json.loads(cached.read_text()) | {"cached": True}
     if trainer == "torchtitan":
         from gate import torchtitan_runs
-        needed = gate_reserve(c, candidate.layout().levers())
+        needed = _gate_hours(c, candidate)
         if not c.state.budget.can_afford(needed):  # not cached: a larger budget may run it
             return {"passed": False, "trainer": trainer, "gpu_hours": 0.0, "seconds": 0.0,
                     "note": f"not run: the gate's torchtitan runs need about {needed:.3f} GPU-hours, "
@@ -77,17 +78,15 @@ def gate_reserve(c: Campaign, levers: dict[str, Any]) -> float:
     """GPU-hours the gate of a candidate with these levers will cost: nothing on the proxy; on
     torchtitan the baseline replicates (and those under the candidate's data order when its DP
     degree differs) and the candidate, each a run of gate_steps, at the stack's estimate."""
-    if gate_trainer(c) != "torchtitan":
-        return 0.0
+    return _gate_hours(c, c.trial_recipe(levers)) if gate_trainer(c) == "torchtitan" else 0.0
+
+
+def _gate_hours(c: Campaign, candidate: Recipe) -> float:
     from gate import torchtitan_runs
-    candidate = c.trial_recipe(levers)
     runs = torchtitan_runs.plan_runs(c.recipe, candidate, c.settings.gate_steps or torchtitan_runs.DEFAULT_STEPS,
                                      seed=0)
-    hours = 0.0
-    for run in runs.values():
-        wall = c.stack.estimate_wall_time_s(run.recipe, run.steps) if hasattr(c.stack, "estimate_wall_time_s") else 0.0
-        hours += run.recipe.cluster.gpus * wall / 3600.0
-    return hours
+    return sum(gpu_hours(run.recipe.cluster.gpus, c.stack.estimate_wall_time_s(run.recipe, run.steps))
+               for run in runs.values())
 
 
 def probe_layout(c: Campaign, levers: dict[str, Any]) -> bool:

@@ -1,8 +1,9 @@
 """The tuner benchmark flow: every (recipe, planner, seed) campaign on the sim stack, same budget.
 
-    recipes x planners x seeds ──► oracle per recipe ─┐
-                                   campaigns (a process pool, each worker its own Prefect,
-                                   MLflow and ATTUNE_HOME) ─┴─► score on the ground truth
+    recipes x seeds (one simulated cluster each) ──► oracle per recipe and cluster ─┐
+                                   (a tuned recipe: moved to its cluster's best gated layout)
+    recipes x planners x seeds ──► campaigns (a process pool, each worker its own Prefect,
+                                   MLflow and ATTUNE_HOME) ──────────────────────┴─► score on the ground truth
     ──► summary per recipe and planner ──► targets ──► JSON, markdown, PNG ──► MLflow + Prefect artifact
 
 Each campaign is the real campaign flow (flows/campaign.py) running in its worker. The oracle and
@@ -25,7 +26,8 @@ from prefect.cache_policies import NO_CACHE
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from attune.bench import report
-from attune.bench.request import BenchCell, BenchRecipe, bench_cells, bench_recipes, parse_planners
+from attune.bench.request import (BenchCell, BenchRecipe, bench_cells, bench_recipes, cluster_seed_for, oracle_key,
+                                  parse_planners, write_tuned_recipe)
 from attune.bench.summary import public_rows, summarize
 from attune.bench.targets import check_targets
 from attune.files import attune_home
@@ -33,9 +35,14 @@ from flows import bench_pool as pool
 
 
 @task(name="bench-oracle", cache_policy=NO_CACHE)
-def oracle_of(recipe: BenchRecipe) -> dict[str, Any]:
+def oracle_of(recipe: BenchRecipe, seed: int, world: str) -> dict[str, Any]:
     from attune.bench.truth import oracle_json
-    return pool.submit(oracle_json, recipe.model_dump_json()).result()
+    return pool.submit(oracle_json, recipe.model_dump_json(), cluster_seed_for(seed), world).result()
+
+
+@task(name="bench-tuned-recipe", cache_policy=NO_CACHE)
+def tuned_recipe(recipe: BenchRecipe, oracle: dict[str, Any], folder: Path) -> str:
+    return write_tuned_recipe(recipe, oracle, folder)
 
 
 @task(name="bench-campaign", cache_policy=NO_CACHE)
@@ -55,7 +62,8 @@ def _out_dir(out: str | None) -> Path:
 
 @flow(name="tuner-benchmark", task_runner=ThreadPoolTaskRunner(max_workers=16))
 def tuner_benchmark(recipes: list[str], planners: str = "attune,random,bayes,estimator-topk",
-                    budget_gpu_hours: float | None = None, seeds: int = 5, cluster: str | None = None,
+                    budget_gpu_hours: float | None = None, seeds: int = 5, world: str = "realistic",
+                    cluster: str | None = None,
                     model_spec: str | None = None, steps_per_trial: int = 10, replicates: int = 3,
                     gate_steps: int | None = None, gate_seed: int | None = 0,
                     disabled_rules: list[str] | None = None,
@@ -65,17 +73,20 @@ def tuner_benchmark(recipes: list[str], planners: str = "attune,random,bayes,est
     started = time.monotonic()
     variants = parse_planners(planners, disabled_rules, ablations)
     bench = bench_recipes(recipes, cluster, model_spec, budget_gpu_hours)
-    cells = bench_cells(bench, variants, seeds, steps_per_trial, replicates, gate_steps, gate_seed)
-    workers = max(1, min(workers or pool.default_workers(), len(cells)))
+    bench_cells(bench, variants, seeds, steps_per_trial, replicates, gate_steps, gate_seed, world)  # refuse early
     out_dir = _out_dir(out)
     homes = out_dir / "work"
     shutil.rmtree(homes, ignore_errors=True)   # a re-run measures afresh, never resumes old campaigns
+    workers = max(1, min(workers or pool.default_workers(), len(bench) * len(variants) * seeds))
 
     pool.open_pool(workers, homes, pool.current_prefect_api(), Path(gate_cache).resolve() if gate_cache else None)
     try:
-        oracle_futures = {r.label: oracle_of.submit(r) for r in bench}
+        oracle_futures = {oracle_key(r.label, s): oracle_of.submit(r, s, world) for s in range(seeds) for r in bench}
+        tuned = {key: tuned_recipe(r, oracle_futures[key].result(), out_dir / "tuned-recipes")
+                 for r in bench if r.tuned for s in range(seeds) for key in [oracle_key(r.label, s)]}
+        cells = bench_cells(bench, variants, seeds, steps_per_trial, replicates, gate_steps, gate_seed, world, tuned)
         cell_futures = [campaign_cell.submit(c, len(cells), started, quiet) for c in cells]
-        oracle = {label: f.result() for label, f in oracle_futures.items()}
+        oracle = {key: f.result() for key, f in oracle_futures.items()}
         rows_in = [f.result() for f in cell_futures]
     finally:
         pool.close_pool()
@@ -83,12 +94,13 @@ def tuner_benchmark(recipes: list[str], planners: str = "attune,random,bayes,est
     rows = summarize(rows_in, oracle)
     checks = check_targets(rows)
     seconds = time.monotonic() - started
-    meta = {"campaigns": len(cells), "seeds": seeds, "workers": workers, "seconds": seconds}
+    meta = {"campaigns": len(cells), "seeds": seeds, "workers": workers, "seconds": seconds, "world": world}
     markdown = report.markdown(rows, checks, meta, oracle)
     out_dir.mkdir(parents=True, exist_ok=True)
     payload = {"results": public_rows(rows), "targets": checks, "oracle": oracle, "simulated": True,
                "settings": {"recipes": [r.model_dump() for r in bench], "planners": [v.model_dump() for v in variants],
-                            "seeds": seeds, "steps_per_trial": steps_per_trial, "replicates": replicates,
+                            "seeds": seeds, "world": world, "cluster_seeds": [cluster_seed_for(s) for s in range(seeds)],
+                            "steps_per_trial": steps_per_trial, "replicates": replicates,
                             "gate_seed": gate_seed, "workers": workers},
                "seconds": seconds, "out": str(out_dir)}
     files = [out_dir / "results.json", out_dir / "results.md", out_dir / "cells.json"]
@@ -99,7 +111,7 @@ def tuner_benchmark(recipes: list[str], planners: str = "attune,random,bayes,est
     if any(v.disabled_rules for v in variants):
         files.append(report.plot(rows_in, oracle, out_dir / "bench-ablations.png", include_ablations=True))
     payload["plots"] = [str(p) for p in files[3:]]
-    params = {"planners": ",".join(v.label for v in variants), "seeds": seeds, "workers": workers,
+    params = {"planners": ",".join(v.label for v in variants), "seeds": seeds, "workers": workers, "world": world,
               "budgets": ",".join(f"{r.label}={r.budget_gpu_hours:g}" for r in bench),
               "steps_per_trial": steps_per_trial, "replicates": replicates}
     payload["mlflow_run_id"] = log_summary(mlflow_uri, rows, checks, params, files, seconds)

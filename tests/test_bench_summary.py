@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from attune.bench.request import default_budget, parse_planners
+from attune.bench.request import default_budget, oracle_key, parse_planners
 from attune.bench.summary import ci95, hours_to_reach, public_rows, summarize
 from attune.bench.targets import check_targets
 from attune.campaign.payback import payback_hours
@@ -17,6 +17,11 @@ def _cell(planner: str, seed: int, gain: float, trajectory, used: float = 30.0, 
     return {"recipe": recipe, "planner": planner, "seed": seed, "gpus": 64, "budget_gpu_hours": 40.0,
             "error": None, "gain": gain, "truth_shipped_tps": 1000.0 * (1 + gain), "gpu_hours_used": used,
             "trajectory": trajectory, "gate_passed": gate, "shipped": gain > 0, "trials": 10}
+
+
+def _oracle(tps: float, seeds: int = 3, recipe: str = "r@h100:64") -> dict:
+    """One oracle per seed's cluster, all alike."""
+    return {oracle_key(recipe, s): {"recipe": recipe, "tokens_per_sec_per_gpu": tps} for s in range(seeds)}
 
 
 def test_default_budget_is_40_gpu_hours_per_64_gpus():
@@ -42,7 +47,7 @@ def test_summary_rows_carry_the_documented_fields():
     cells = [_cell("attune", s, 0.3, [[5.0, 0.0], [10.0, 0.3], [30.0, 0.3]]) for s in range(3)]
     cells += [_cell("random", s, 0.1 * s, [[5.0, 0.0], [30.0, 0.1 * s]], gate=None if s == 0 else True)
               for s in range(3)]
-    rows = public_rows(summarize(cells, {"r@h100:64": {"tokens_per_sec_per_gpu": 1500.0}}))
+    rows = public_rows(summarize(cells, _oracle(1500.0)))
     first = rows[0]
     assert list(first)[:10] == ["recipe", "planner", "mean_gain", "best_gain", "ci95", "oracle_share",
                                 "gpu_hours_used", "gpu_hours_to_95", "gate_pass_rate", "payback_hours"]
@@ -55,6 +60,16 @@ def test_summary_rows_carry_the_documented_fields():
     assert rnd["best_gain"] == pytest.approx(0.2)
 
 
+def test_each_seed_is_scored_against_its_own_clusters_oracle():
+    cells = [_cell("attune", s, 0.2, [[5.0, 0.0], [10.0, 0.2]]) | {"truth_baseline_tps": 1000.0} for s in range(2)]
+    oracle = {oracle_key("r@h100:64", 0): {"tokens_per_sec_per_gpu": 1200.0, "exact": {"tokens_per_sec_per_gpu": 1100.0}},
+              oracle_key("r@h100:64", 1): {"tokens_per_sec_per_gpu": 1500.0, "exact": {"tokens_per_sec_per_gpu": 1200.0}}}
+    (row,) = summarize(cells, oracle)
+    assert row["oracle_share"] == pytest.approx((1200 / 1200 + 1200 / 1500) / 2)
+    assert row["headroom"] == pytest.approx((0.2 + 0.5) / 2) and row["shippable_gain"] == pytest.approx(0.15)
+    assert oracle_key("r@h100:64", 0) != oracle_key("r@h100:64", 1)
+
+
 def test_a_shipped_change_that_is_not_faster_on_the_truth_is_a_false_gain():
     # a well-tuned recipe: one seed of "topk" ships a layout 1% slower on the truth, another keeps it
     cells = [_cell("attune", s, 0.0, [[5.0, 0.0]]) for s in range(2)]
@@ -62,7 +77,7 @@ def test_a_shipped_change_that_is_not_faster_on_the_truth_is_a_false_gain():
               _cell("topk", 2, 0.05, [[5.0, 0.0], [20.0, 0.05]])]
     for cell in cells:
         cell["truth_baseline_tps"] = 1000.0
-    rows = {r["planner"]: r for r in summarize(cells, {"r@h100:64": {"tokens_per_sec_per_gpu": 1020.0}})}
+    rows = {r["planner"]: r for r in summarize(cells, _oracle(1020.0))}
     assert rows["attune"]["false_gain_share"] == 0.0 and rows["attune"]["headroom"] == pytest.approx(0.02)
     assert rows["topk"]["false_gain_share"] == pytest.approx(1 / 3)   # the +5% seed is a real gain
     # nothing to find: the target is keeping the recipe, not out-gaining the others

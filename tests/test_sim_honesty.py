@@ -13,7 +13,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 SCANNED = ("attune", "flows", "tasks", "gate", "lessons")
-ALLOWED = {"attune/sim/ground_truth.py", "attune/sim/oracle.py", "attune/stacks/sim.py", "attune/cli/cmd_sim.py",
+ALLOWED = {"attune/sim/ground_truth.py", "attune/sim/oracle.py", "attune/sim/fidelity.py", "attune/stacks/sim.py", "attune/cli/cmd_sim.py",
            "attune/bench/truth.py"}   # the benchmark's evaluator: scores shipped layouts, never plans
 TARGET = "attune.sim.ground_truth"
 

@@ -3,6 +3,11 @@
 A planner variant is a registered planner, optionally with search rules switched off:
 `attune-no-lessons` is the `attune` planner without its lessons catalog (an ablation), and
 `--ablations` adds one such variant per rule. `--disable-rule R` applies to every `attune` variant.
+
+Seed s runs on simulated cluster s + 1 of the world (`--world`): a sibling of the reference cluster
+the public calibration pins, so every seed is another cluster, not only another noise draw.
+`tuned:RECIPE` benchmarks the recipe moved to the best layout the gate passes on each seed's
+cluster: a well-tuned recipe, where nothing is left to find and a shipped "gain" is a false one.
 """
 
 from __future__ import annotations
@@ -12,10 +17,12 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from attune.errors import InputError
+from attune.sim.worlds import DEFAULT_WORLD, world_scale
 
 # The issue's default: 40 GPU-hours for every 64 GPUs of the recipe's cluster.
 DEFAULT_GPU_HOURS_PER_64_GPUS = 40.0
 ABLATION_PREFIX = "attune-no-"
+TUNED_PREFIX = "tuned:"
 
 
 class PlannerVariant(BaseModel):
@@ -33,6 +40,7 @@ class BenchRecipe(BaseModel):
     model_spec: str | None = None       # --model-spec applied to it
     gpus: int
     budget_gpu_hours: float
+    tuned: bool = False                 # moved to the best layout the gate passes on each cluster
 
 
 class BenchCell(BaseModel):
@@ -41,6 +49,8 @@ class BenchCell(BaseModel):
     recipe: BenchRecipe
     variant: PlannerVariant
     seed: int
+    world: str = DEFAULT_WORLD
+    tuned_path: str | None = None       # the tuned recipe file for this cell's cluster (tuned recipes)
     steps_per_trial: int = 10
     replicates: int = 3
     gate_steps: int | None = None
@@ -50,6 +60,32 @@ class BenchCell(BaseModel):
     @property
     def key(self) -> str:
         return f"{self.recipe.label}|{self.variant.label}|{self.seed}"
+
+    @property
+    def cluster_seed(self) -> int:
+        return cluster_seed_for(self.seed)
+
+    @property
+    def path(self) -> str:
+        """The recipe file the campaign tunes (already on its cluster when tuned)."""
+        return self.tuned_path or self.recipe.path
+
+    @property
+    def cluster(self) -> str | None:
+        return None if self.tuned_path else self.recipe.cluster
+
+    @property
+    def stack_options(self) -> dict:
+        return {"cluster_seed": self.cluster_seed, "world": self.world}
+
+
+def cluster_seed_for(seed: int) -> int:
+    """Seed s of a benchmark runs on sibling cluster s + 1 (cluster_seed 0 is the reference)."""
+    return int(seed) + 1
+
+
+def oracle_key(label: str, seed: int) -> str:
+    return f"{label}#{cluster_seed_for(seed)}"
 
 
 def default_budget(gpus: int) -> float:
@@ -109,26 +145,47 @@ def bench_recipes(paths: list[str], cluster: str | None = None, model_spec: str 
         raise InputError("--budget-gpu-hours", f"must be > 0, got {budget_gpu_hours:g}")
     out: list[BenchRecipe] = []
     for raw in paths:
-        path = Path(raw).resolve()
+        tuned = raw.startswith(TUNED_PREFIX)
+        path = Path(raw.removeprefix(TUNED_PREFIX)).resolve()
         recipe = load_campaign_recipe(str(path), cluster, model_spec)
-        label = f"{recipe.name}@{recipe.cluster.label}"
+        name = f"{recipe.name.removesuffix('-public')}-tuned" if tuned else recipe.name
+        label = f"{name}@{recipe.cluster.label}"
         if label in [r.label for r in out]:
             raise InputError("--recipes", f"{raw}: the same recipe and cluster twice ({label})")
         budget = budget_gpu_hours if budget_gpu_hours is not None else default_budget(recipe.cluster.gpus)
         out.append(BenchRecipe(path=str(path), label=label, cluster=cluster,
                                model_spec=str(Path(model_spec).resolve()) if model_spec else None,
-                               gpus=recipe.cluster.gpus, budget_gpu_hours=budget))
+                               gpus=recipe.cluster.gpus, budget_gpu_hours=budget, tuned=tuned))
     return out
 
 
+def write_tuned_recipe(recipe: BenchRecipe, oracle: dict, folder: Path) -> str:
+    """A tuned recipe on the oracle's cluster (its `tuned_levers`, attune.bench.truth.oracle_json) as a file."""
+    from attune.campaign.inputs import load_campaign_recipe
+    from attune.recipe import write_recipe
+    from attune.space import config_for
+
+    base = load_campaign_recipe(recipe.path, recipe.cluster, recipe.model_spec)
+    levers = oracle.get("tuned_levers") or base.layout().levers()
+    name = recipe.label.split("@")[0]
+    path = folder / f"{name}-{base.cluster.label.replace(':', 'x')}-cluster{oracle['cluster_seed']}.toml"
+    write_recipe(base.with_config(config_for(base, levers), name=name), path)
+    return str(path)
+
+
 def bench_cells(recipes: list[BenchRecipe], variants: list[PlannerVariant], seeds: int, steps: int = 10,
-                replicates: int = 3, gate_steps: int | None = None, gate_seed: int | None = 0) -> list[BenchCell]:
+                replicates: int = 3, gate_steps: int | None = None, gate_seed: int | None = 0,
+                world: str = DEFAULT_WORLD, tuned_paths: dict[str, str] | None = None) -> list[BenchCell]:
+    """Every campaign; `tuned_paths` maps oracle_key(label, seed) of a tuned recipe to its file."""
     if seeds < 1:
         raise InputError("--seeds", f"must be >= 1, got {seeds}")
+    world_scale(world)
     if steps < 1 or replicates < 1:
         raise InputError("--steps/--replicates", "must be >= 1")
     # Seed-major, recipes innermost: campaigns that may ship the same candidate (one planner, one
     # recipe, two seeds) run far apart, so the second finds the first's gate verdict in the cache
     # instead of training the same proxy runs at the same time in the other worker.
-    return [BenchCell(recipe=r, variant=v, seed=s, steps_per_trial=steps, replicates=replicates, gate_steps=gate_steps,
-                      gate_seed=gate_seed) for s in range(seeds) for v in variants for r in recipes]
+    tuned_paths = tuned_paths or {}
+    return [BenchCell(recipe=r, variant=v, seed=s, world=world, tuned_path=tuned_paths.get(oracle_key(r.label, s)),
+                      steps_per_trial=steps, replicates=replicates, gate_steps=gate_steps, gate_seed=gate_seed)
+            for s in range(seeds) for v in variants for r in recipes]

@@ -16,7 +16,7 @@ def score_campaign(cell, result: dict[str, Any]) -> dict[str, Any]:
     from attune.campaign.state import CampaignState
     from attune.campaign.inputs import load_campaign_recipe
 
-    recipe = load_campaign_recipe(cell.recipe.path, cell.recipe.cluster, cell.recipe.model_spec)
+    recipe = load_campaign_recipe(cell.path, cell.cluster, cell.recipe.model_spec)
     state = CampaignState.load(Path(result["campaign_dir"]) / "state.json")
     baseline_levers = recipe.layout().levers()
     shipped_levers = result["best"]["levers"] if result["shipped"] else baseline_levers
@@ -25,7 +25,7 @@ def score_campaign(cell, result: dict[str, Any]) -> dict[str, Any]:
     def tps(levers: dict) -> float:
         key = repr(sorted(levers.items()))
         if key not in cache:
-            cache[key] = truth_tps(recipe, levers)
+            cache[key] = truth_tps(recipe, levers, cell.cluster_seed, cell.world)
         return cache[key]
 
     gate = result.get("gate") or None
@@ -42,4 +42,5 @@ def score_campaign(cell, result: dict[str, Any]) -> dict[str, Any]:
             "gpu_hours_used": result["gpu_hours_used"], "trials": result["trials"], "shipped": result["shipped"],
             "gate_passed": (bool(gate.get("passed")) if gate else None), "stop_reason": result["stop_reason"],
             "gate_runs": len(state.rejected) + (1 if gate else 0), "fell_back": bool(state.rejected),
-            "shipped_levers": shipped_levers, "campaign_id": result["campaign_id"]}
+            "shipped_levers": shipped_levers, "campaign_id": result["campaign_id"],
+            "cluster_seed": cell.cluster_seed, "world": cell.world}

@@ -1,8 +1,8 @@
 """Per recipe and planner variant: what the campaigns found per GPU-hour, scored on the ground truth.
 
 Every campaign's gain is the noise-free ground-truth throughput of the layout it shipped (the
-baseline when it shipped nothing) over that of the public recipe's own layout, so seeds differ only
-in what the planner chose, not in the noise that happened to hit the final measurement.
+baseline when it shipped nothing) over that of the recipe's own layout on the same cluster (each
+seed is its own cluster), so the noise that happened to hit the final measurement does not count.
 
   mean_gain, ci95   mean over seeds and its 95% t-interval
   best_gain         the best seed
@@ -22,7 +22,9 @@ in what the planner chose, not in the noise that happened to hit the final measu
                     float8 candidate was refused gates its fallback too; None: nothing gated)
   payback_hours     hours of training on the recipe's cluster that repay the mean GPU-hours spent
                     at the mean gain (attune.campaign.payback); None without a positive gain
-  headroom          the oracle's gain over the recipe (what there was to find; None without an oracle)
+  headroom          the oracle's gain over the recipe (what there was to find; None without an oracle),
+                    the mean over the campaigns' clusters; shippable_gain the same for the best layout
+                    the gate passes without a numerics change
   false_gain_share  campaigns that shipped a change whose ground-truth gain is not positive, over all
                     (a measured "gain" that was noise: the case a well-tuned recipe tests)
 Extras: search_gain (mean ground-truth gain of the layout the search settled on, before the gate:
@@ -37,6 +39,7 @@ from statistics import mean
 import numpy as np
 from scipy import stats
 
+from attune.bench.request import oracle_key
 from attune.campaign.payback import payback_hours
 
 REACH = 0.95
@@ -87,8 +90,14 @@ def after_baseline(cell: dict) -> list[list[float]]:
     return [[max(0.0, h - start), v] for h, v in cell["trajectory"] if h >= start - 1e-12]
 
 
+def _mean_or_none(values: list[float | None]) -> float | None:
+    values = [v for v in values if v is not None]
+    return float(np.mean(values)) if values else None
+
+
 def summarize(cells: list[dict], oracle: dict[str, dict]) -> list[dict]:
-    """One row per (recipe, planner variant): recipes, then planners, in the order they first came."""
+    """One row per (recipe, planner variant): recipes, then planners, in the order they first came.
+    `oracle` is keyed by attune.bench.request.oracle_key: one oracle per recipe and cluster."""
     groups: dict[tuple[str, str], list[dict]] = {}
     for cell in cells:
         groups.setdefault((cell["recipe"], cell["planner"]), []).append(cell)
@@ -108,18 +117,20 @@ def summarize(cells: list[dict], oracle: dict[str, dict]) -> list[dict]:
                         | {"error": group[0].get("error")})
             continue
         gains = [c["gain"] for c in ok]
-        best_tps = (oracle.get(recipe) or {}).get("tokens_per_sec_per_gpu")
-        exact_tps = ((oracle.get(recipe) or {}).get("exact") or {}).get("tokens_per_sec_per_gpu")
+        of = [oracle.get(oracle_key(recipe, c["seed"])) or {} for c in ok]
+        best = [o.get("tokens_per_sec_per_gpu") for o in of]
+        exact = [(o.get("exact") or {}).get("tokens_per_sec_per_gpu") for o in of]
+        oracle_shares = [c["truth_shipped_tps"] / b for c, b in zip(ok, best) if b]
+        shippable_shares = [c["truth_shipped_tps"] / e for c, e in zip(ok, exact) if e]
         gated = [c for c in ok if c["gate_passed"] is not None]
         runs = sum(c.get("gate_runs", 1) for c in gated)   # a refused float8 candidate and its fallback: 2
         used = mean(c["gpu_hours_used"] for c in ok)
         mean_gain = float(np.mean(gains))
         row |= {
             "mean_gain": mean_gain, "best_gain": max(gains), "ci95": ci95(gains),
-            "oracle_share": float(np.mean([c["truth_shipped_tps"] / best_tps for c in ok])) if best_tps else None,
-            "median_oracle_share": float(np.median([c["truth_shipped_tps"] / best_tps for c in ok])) if best_tps else None,
-            "median_shippable_share": (float(np.median([c["truth_shipped_tps"] / exact_tps for c in ok]))
-                                       if exact_tps else None),
+            "oracle_share": float(np.mean(oracle_shares)) if oracle_shares else None,
+            "median_oracle_share": float(np.median(oracle_shares)) if oracle_shares else None,
+            "median_shippable_share": float(np.median(shippable_shares)) if shippable_shares else None,
             "gpu_hours_used": used,
             "baseline_gpu_hours": mean(c.get("baseline_gpu_hours") or 0.0 for c in ok),
             "gpu_hours_to_95": hours_to_reach([c["trajectory"] for c in ok], mean_gain),
@@ -129,8 +140,10 @@ def summarize(cells: list[dict], oracle: dict[str, dict]) -> list[dict]:
             "max_budget_share": max(c["gpu_hours_used"] / c["budget_gpu_hours"] for c in ok),
             "shipped_share": sum(bool(c["shipped"]) for c in ok) / len(ok),
             "false_gain_share": sum(bool(c["shipped"]) and c["gain"] <= 0 for c in ok) / len(ok),
-            "headroom": (best_tps / ok[0]["truth_baseline_tps"] - 1.0
-                         if best_tps and ok[0].get("truth_baseline_tps") else None),
+            "headroom": _mean_or_none([b / c["truth_baseline_tps"] - 1.0 if b and c.get("truth_baseline_tps") else None
+                                       for c, b in zip(ok, best)]),
+            "shippable_gain": _mean_or_none([e / c["truth_baseline_tps"] - 1.0 if e and c.get("truth_baseline_tps")
+                                             else None for c, e in zip(ok, exact)]),
             "search_gain": float(np.mean([c.get("search_gain", c["gain"]) for c in ok])),
             "trials": mean(c["trials"] for c in ok),
         }

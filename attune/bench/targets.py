@@ -9,8 +9,9 @@
   search-speed                     the same with GPU-hours counted after the baseline replicates,
                                    which every planner measures alike (reported beside `speed`)
   budget                           no campaign of any planner charged more than its budget
-On a well-tuned recipe (the oracle gains at most TUNED_HEADROOM over it, about a noise band) there
-is nothing to find, so the gain and speed targets mean nothing; the target there is
+On a well-tuned recipe (the best layout the gate passes without a numerics change gains at most
+TUNED_HEADROOM over it, about a noise band; a tuned: recipe of the benchmark is one by construction)
+there is nothing sure to find, so the gain and speed targets mean nothing; the target there is
   keeps-tuned-recipe               attune ships no false gain (a change not faster on the truth)
 """
 
@@ -33,9 +34,11 @@ def check_targets(rows: list[dict], planner: str = "attune") -> list[dict]:
         ours = mine.get(planner)
         if ours is None or ours.get("mean_gain") is None:
             continue
-        if ours.get("headroom") is not None and ours["headroom"] <= TUNED_HEADROOM:
+        headroom = ours["shippable_gain"] if ours.get("shippable_gain") is not None else ours.get("headroom")
+        if headroom is not None and headroom <= TUNED_HEADROOM:
             out.append({"recipe": recipe, "target": "keeps-tuned-recipe", "holds": ours["false_gain_share"] == 0,
-                        "detail": f"the oracle gains {ours['headroom']:+.1%}; attune shipped a false gain in "
+                        "detail": f"the best layout the gate passes without a numerics change gains {headroom:+.1%} "
+                                  f"(the oracle {ours.get('headroom') or 0.0:+.1%}); attune shipped a false gain in "
                                   f"{ours['false_gain_share']:.0%} of seeds, mean gain {ours['mean_gain']:+.1%}"})
             continue
         for other, factor in FACTOR.items():

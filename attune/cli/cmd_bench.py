@@ -14,12 +14,16 @@ from attune.cli.common import emit, quiet_local_prefect
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("bench", help="benchmark planners on the sim stack (simulated results)")
-    p.add_argument("--recipes", nargs="+", required=True, metavar="RECIPE", help="recipe TOML files")
+    p.add_argument("--recipes", nargs="+", required=True, metavar="RECIPE", help="recipe TOML files; tuned:FILE moves the recipe to the best "
+                   "layout the gate passes on each seed's cluster (a well-tuned recipe: nothing left to find)")
     p.add_argument("--planners", default="attune,random,bayes,estimator-topk",
                    help="comma-separated: attune, random, bayes, estimator-topk, grid, attune-no-RULE")
     p.add_argument("--budget-gpu-hours", type=float, metavar="H",
                    help="per campaign (default: 40 GPU-hours per 64 GPUs of each recipe's cluster)")
-    p.add_argument("--seeds", type=int, default=5, help="seeds per recipe and planner (default 5)")
+    p.add_argument("--seeds", type=int, default=5, help="seeds per recipe and planner (default 5); seed s runs on "
+                   "simulated cluster s + 1")
+    p.add_argument("--world", default="realistic", help="how far the simulated clusters depart from the public "
+                   "estimator: easy | realistic | hard (default realistic)")
     p.add_argument("--cluster", metavar="ACCEL:COUNT", help="run every recipe on this cluster, e.g. h100:64")
     p.add_argument("--model-spec", metavar="FILE", help="model spec file replacing every recipe's model")
     p.add_argument("--disable-rule", action="append", default=[], metavar="RULE",
@@ -56,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from flows.bench import tuner_benchmark
 
     payload = tuner_benchmark(args.recipes, planners=args.planners, budget_gpu_hours=args.budget_gpu_hours,
-                              seeds=args.seeds, cluster=args.cluster, model_spec=args.model_spec,
+                              seeds=args.seeds, world=args.world, cluster=args.cluster, model_spec=args.model_spec,
                               steps_per_trial=args.steps, replicates=args.replicates, gate_steps=args.gate_steps,
                               gate_seed=None if args.gate_seed < 0 else args.gate_seed,
                               disabled_rules=args.disable_rule, ablations=args.ablations, workers=args.workers,
@@ -73,7 +77,7 @@ def _validate(args: argparse.Namespace) -> None:
 
     variants = parse_planners(args.planners, args.disable_rule, args.ablations)
     recipes = bench_recipes(args.recipes, args.cluster, args.model_spec, args.budget_gpu_hours)
-    bench_cells(recipes, variants, args.seeds, args.steps, args.replicates, args.gate_steps)
+    bench_cells(recipes, variants, args.seeds, args.steps, args.replicates, args.gate_steps, world=args.world)
     if args.workers is not None and args.workers < 1:
         raise InputError("--workers", f"must be >= 1, got {args.workers}")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from attune.cli.common import emit, quiet_local_prefect
+from attune.cli.common import add_sim_cluster_arguments, check_sim_cluster_arguments, emit, quiet_local_prefect
 from attune.errors import InputError
 
 
@@ -17,6 +17,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--cluster", metavar="ACCEL:COUNT", help="tune for another cluster, e.g. h200:128")
     p.add_argument("--model-spec", metavar="FILE", help="model spec file replacing the recipe's model")
     p.add_argument("--seed", type=int, default=0)
+    add_sim_cluster_arguments(p)
     p.add_argument("--steps", type=int, default=10, help="measured steps per trial (default 10)")
     p.add_argument("--replicates", type=int, default=3, help="baseline and confirmation replicates (default 3)")
     p.add_argument("--disable-rule", action="append", default=[], metavar="RULE",
@@ -41,32 +42,41 @@ def run(args: argparse.Namespace) -> int:
     planner_options = {}
     if args.planner == "llm":
         planner_options = {"base_url": args.llm_base_url, "model": args.llm_model}
-    _validate(args, planner_options)
+    stack_options = _validate(args, planner_options)
     from flows.campaign import tune_campaign
 
     result = tune_campaign(args.recipe, args.budget_gpu_hours, stack=args.stack, planner=args.planner,
                            cluster=args.cluster, seed=args.seed, steps_per_trial=args.steps,
                            replicates=args.replicates, disabled_rules=args.disable_rule, gate_steps=args.gate_steps,
                            mlflow_uri=args.mlflow_uri, out=args.out, store=args.store, model_spec=args.model_spec,
-                           planner_options=planner_options, quiet=args.quiet)
+                           planner_options=planner_options, stack_options=stack_options, quiet=args.quiet)
     emit(result, args.json, _text(result))
     return 0
 
 
-def _validate(args: argparse.Namespace, planner_options: dict) -> None:
-    """Everything that can be refused is refused here, before a flow run or any file exists."""
+def _validate(args: argparse.Namespace, planner_options: dict) -> dict:
+    """Everything that can be refused is refused here, before a flow run or any file exists; the
+    stack's options come back (the simulated cluster's on the sim stack)."""
     from attune.planners.registry import make_planner
     from attune.stacks.registry import make_stack
     from attune.campaign.inputs import load_campaign_recipe
 
     recipe = load_campaign_recipe(args.recipe, args.cluster, args.model_spec)
-    make_stack(args.stack)
+    stack_options = {}
+    if args.stack == "sim":
+        stack_options = check_sim_cluster_arguments(args)
+        if args.cluster_seed == 0:
+            stack_options = {}   # the reference cluster: the default, and the same campaign as before
+    elif args.cluster_seed != 0 or args.world != "realistic":
+        raise InputError("--cluster-seed/--world", "only the sim stack has simulated clusters")
+    make_stack(args.stack, **stack_options)
     make_planner(args.planner, seed=args.seed, disabled_rules=frozenset(args.disable_rule), **planner_options)
     if args.steps < 1 or args.replicates < 1:
         raise InputError("--steps/--replicates", "must be >= 1")
     if args.gate_steps is not None and args.gate_steps < 2:
         raise InputError("--gate-steps", f"must be >= 2 (a curve needs a slope), got {args.gate_steps}")
     recipe.layout()
+    return stack_options
 
 
 def _text(result: dict) -> str:

@@ -26,6 +26,26 @@ def add_recipe_arguments(parser: argparse.ArgumentParser, with_set: bool = True)
     parser.add_argument("--json", action="store_true", help="print JSON")
 
 
+def add_sim_cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    """--cluster-seed and --world: which simulated cluster (attune/sim/worlds.py)."""
+    parser.add_argument("--cluster-seed", type=int, default=0,
+                        help="which simulated cluster: 0 is the reference the public measurements pin (default), "
+                             "1, 2, ... its siblings, which depart from it as far as --world says")
+    parser.add_argument("--world", default="realistic",
+                        help="easy | realistic | hard: how far a sibling cluster departs from the public "
+                             "estimator (default realistic; no effect on cluster 0)")
+
+
+def check_sim_cluster_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """The sim stack's options from the flags, refused in one line where they are wrong."""
+    from attune.sim.worlds import world_scale
+
+    if args.cluster_seed < 0:
+        raise InputError("--cluster-seed", f"must be >= 0, got {args.cluster_seed}")
+    world_scale(args.world)
+    return {"cluster_seed": args.cluster_seed, "world": args.world}
+
+
 def recipe_from_args(args: argparse.Namespace) -> Recipe:
     """The recipe named on the command line with its overrides applied and re-validated.
 

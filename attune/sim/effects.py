@@ -35,7 +35,12 @@ class Effects:
     sac_recompute: float = 1.0      # selective AC recompute work multiplier
     launch_slow: float = 1.0        # host overhead multiplier
     ep_exposed: float = 1.0         # exposed share of expert all-to-all multiplier
-    # memory: extra allocator fragmentation (fraction of the live peak) and per in-flight micro-batch
+    tp_exposed: float = 1.0         # exposed share of TP collectives multiplier
+    pp_exposed: float = 1.0         # exposed share of pipeline send/recv multiplier
+    fsdp_overlap: float = 1.0       # share of FSDP / HSDP traffic hidden behind compute, multiplier (<1: more exposed)
+    # memory: saved activations multiplier (extra buffers, allocator rounding); extra allocator
+    # fragmentation (fraction of the live peak) and per in-flight micro-batch
+    activation_memory: float = 1.0
     fragmentation: float = 0.0
     fragmentation_per_inflight: float = 0.0
 

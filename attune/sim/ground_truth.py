@@ -18,7 +18,11 @@ the oracle and every campaign on the same cluster see the same cluster:
     so a layout the estimator calls fitting can run out of memory;
   * run-to-run noise: CV 1-2.5% of step time, part shared by a run and part per step, from the
     trial's own seed (noise off for the oracle).
-Estimator error against this truth: median 5-7% per layout, p90 ~15%, occasional misses past 25%
+A sibling cluster (cluster_seed >= 1) departs from its reference (cluster_seed 0, which the public
+calibration pins) by a further seeded factor on every effect, as large as the world says
+(`world`: easy | realistic | hard; attune/sim/worlds.py): a class of GEMMs or the fabric slower
+than modelled, less communication hidden, heavier bubbles, more fragmentation.
+Estimator error against the reference: median 5-7% per layout, p90 ~15%, occasional misses past 25%
 (tests/test_sim_truth.py measures it). Most effects are slow-downs, so the estimator is a little
 optimistic, as a clean model of a real cluster is. Out-of-memory is reported when peak memory exceeds the device.
 """
@@ -27,7 +31,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -39,6 +43,7 @@ from attune.sim.calibration import Point
 from attune.sim.effects import Effects
 from attune.sim.estimator import STACK, as_arrays, recipe_hardware
 from attune.sim.stepmodel import SimResult, evaluate, fits_mask, result_at
+from attune.sim.worlds import DEFAULT_WORLD, world_scale
 from attune.spec import ClusterSpec, StackSpec
 
 _M1, _M2, _M3 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0x9E3779B97F4A7C15)
@@ -74,6 +79,10 @@ class HiddenEffects(Effects):
     gemm_clip: tuple[float, float] = (1.0, 1.0)
     attn_sigma: float = 0.0
     attn_clip: tuple[float, float] = (1.0, 1.0)
+    # a sibling's departure (neutral on a reference cluster)
+    gemm_class_slow: tuple[float, ...] = (1.0,) * 8    # per GEMM class x (bf16, float8): time multiplier
+    gemm_shape_sigma: float = 0.0                      # per-shape spread on top of the reference's
+    attn_slow: float = 1.0
 
     def gemm(self, kind, m, n, prec):
         u1 = _uniforms(self.seed, kind, _half_octave(m), _half_octave(n), prec)
@@ -82,11 +91,16 @@ class HiddenEffects(Effects):
         factor = np.exp(self.gemm_sigma * normal)
         lo, hi = self.bad_tile
         bad = np.where(u2 < self.bad_tile_p, lo + (hi - lo) * u2 / max(self.bad_tile_p, 1e-12), 1.0)
-        return np.clip(factor * bad, *self.gemm_clip)
+        out = np.clip(factor * bad, *self.gemm_clip)
+        if self.gemm_shape_sigma or self.gemm_class_slow != (1.0,) * 8:
+            u3 = _uniforms(self.seed + 5, kind, _half_octave(m), _half_octave(n), prec)
+            slow = np.asarray(self.gemm_class_slow)[2 * kind + (np.asarray(prec) > 0)]
+            out = out * np.exp(self.gemm_shape_sigma * np.sqrt(3.0) * (2.0 * u3 - 1.0)) / slow
+        return out
 
     def attention(self, chunk, cp):
         u = _uniforms(self.seed + 2, _half_octave(chunk), cp)
-        return np.clip(np.exp(self.attn_sigma * np.sqrt(3.0) * (2.0 * u - 1.0)), *self.attn_clip)
+        return np.clip(np.exp(self.attn_sigma * np.sqrt(3.0) * (2.0 * u - 1.0)), *self.attn_clip) / self.attn_slow
 
 
 def cluster_seed_of(cluster: ClusterSpec, stack: StackSpec, cluster_seed: int = 0) -> int:
@@ -118,8 +132,55 @@ def _effects(seed: int) -> HiddenEffects:
     return HiddenEffects(**effects, compile_gain_unpiped=u(quirks["compile_gain"]))
 
 
-def hidden_effects(cluster: ClusterSpec, stack: StackSpec, cluster_seed: int = 0) -> HiddenEffects:
-    return _effects(cluster_seed_of(cluster, stack, cluster_seed))
+# Departure draws in a fixed order (a new effect goes last, so existing siblings stay as they were).
+_DEPARTURES = ("network", "nvlink", "a2a_inter", "a2a_intra", "cp_ring", "fsdp_overlap", "ep_exposed", "tp_exposed",
+               "pp_exposed", "sac_recompute", "launch", "compile_gain", "activation_memory", "fragmentation",
+               "attention", "gemm_shape")
+
+
+@functools.lru_cache(maxsize=256)
+def _departed(seed: int, scale: float) -> HiddenEffects:
+    """The reference's effects times this sibling's departure at the world's scale."""
+    base = _effects(seed)
+    if scale == 0.0:
+        return base
+    table = load_data("sim_hidden")["departure"]
+    rng = np.random.default_rng([seed & 0xFFFFFFFF, seed >> 32, 0xDE9A])
+    z = {name: float(rng.uniform(-np.sqrt(3.0), np.sqrt(3.0))) for name in _DEPARTURES}
+    z_gemm = rng.uniform(-np.sqrt(3.0), np.sqrt(3.0), size=8)
+    z_bubble = rng.uniform(-np.sqrt(3.0), np.sqrt(3.0), size=len(SCHEDULES))
+    z_compile = rng.uniform(-np.sqrt(3.0), np.sqrt(3.0), size=len(SCHEDULES))
+
+    def log_factor(name: str, zz):
+        return scale * (table[name]["bias"] + table[name]["spread"] * zz)
+
+    f = {name: float(np.exp(log_factor(name, z[name]))) for name in _DEPARTURES}
+    gemm_class = tuple(float(x) for x in np.exp(log_factor("gemm_class", z_gemm)))
+    keep = lambda x: float(min(1.0, x))  # noqa: E731 - a cluster never keeps more of compile's gain than all of it
+    return replace(
+        base,
+        net_slow=base.net_slow * f["network"], nvlink_slow=base.nvlink_slow * f["nvlink"],
+        a2a_inter_slow=base.a2a_inter_slow * f["a2a_inter"], a2a_intra_slow=base.a2a_intra_slow * f["a2a_intra"],
+        cp_ring_slow=base.cp_ring_slow * f["cp_ring"], fsdp_overlap=base.fsdp_overlap * f["fsdp_overlap"],
+        ep_exposed=base.ep_exposed * f["ep_exposed"], tp_exposed=base.tp_exposed * f["tp_exposed"],
+        pp_exposed=base.pp_exposed * f["pp_exposed"], sac_recompute=base.sac_recompute * f["sac_recompute"],
+        launch_slow=base.launch_slow * f["launch"],
+        compile_gain={s: keep(base.compile_gain[s] * np.exp(log_factor("compile_gain", z_compile[i])))
+                      for i, s in enumerate(SCHEDULES)},
+        compile_gain_unpiped=keep(base.compile_gain_unpiped * f["compile_gain"]),
+        bubble_slow={s: base.bubble_slow[s] * float(np.exp(log_factor("bubble", z_bubble[i])))
+                     for i, s in enumerate(SCHEDULES)},
+        activation_memory=base.activation_memory * f["activation_memory"],
+        fragmentation=base.fragmentation + max(0.0, float(log_factor("fragmentation", z["fragmentation"]))),
+        attn_slow=f["attention"], gemm_class_slow=gemm_class,
+        gemm_shape_sigma=scale * table["gemm_shape"]["spread"])
+
+
+def hidden_effects(cluster: ClusterSpec, stack: StackSpec, cluster_seed: int = 0,
+                   world: str = DEFAULT_WORLD) -> HiddenEffects:
+    """The cluster's hidden effects: the reference's at cluster_seed 0, a sibling's in `world` else."""
+    seed = cluster_seed_of(cluster, stack, cluster_seed)
+    return _effects(seed) if int(cluster_seed) == 0 else _departed(seed, world_scale(world))
 
 
 def noise_cv(cluster: ClusterSpec, stack: StackSpec, cluster_seed: int = 0) -> float:
@@ -139,22 +200,22 @@ def step_noise(recipe: Recipe, cluster_seed: int, trial_seed: int, steps: int) -
     return np.exp(run + per_step)
 
 
-def measure_many(recipe: Recipe, layouts, cluster_seed: int = 0) -> dict[str, np.ndarray]:
+def measure_many(recipe: Recipe, layouts, cluster_seed: int = 0, world: str = DEFAULT_WORLD) -> dict[str, np.ndarray]:
     """Ground-truth columns (noise off) over Layouts or LayoutArrays of the recipe."""
-    fx = hidden_effects(recipe.cluster, recipe.stack, cluster_seed)
+    fx = hidden_effects(recipe.cluster, recipe.stack, cluster_seed, world)
     return evaluate(recipe.architecture, recipe_hardware(recipe), as_arrays(recipe, layouts), STACK, fx)
 
 
-def fitting_mask(recipe: Recipe, layouts, cluster_seed: int = 0) -> np.ndarray:
+def fitting_mask(recipe: Recipe, layouts, cluster_seed: int = 0, world: str = DEFAULT_WORLD) -> np.ndarray:
     """Which layouts fit on this cluster (hidden fragmentation included), without timing them."""
-    fx = hidden_effects(recipe.cluster, recipe.stack, cluster_seed)
+    fx = hidden_effects(recipe.cluster, recipe.stack, cluster_seed, world)
     return fits_mask(recipe.architecture, recipe_hardware(recipe), as_arrays(recipe, layouts), STACK, fx)
 
 
 def measure(recipe: Recipe, layout: Layout | None = None, cluster_seed: int = 0,
-            noise_seed: int | None = None) -> SimResult:
+            noise_seed: int | None = None, world: str = DEFAULT_WORLD) -> SimResult:
     """One layout's ground truth; with noise_seed, one noisy run's step (what `sim predict` shows)."""
-    cols = measure_many(recipe, [layout or recipe.layout()], cluster_seed)
+    cols = measure_many(recipe, [layout or recipe.layout()], cluster_seed, world)
     if noise_seed is not None:
         factor = float(step_noise(recipe, cluster_seed, noise_seed, 1)[0])
         cols = dict(cols)
@@ -165,8 +226,8 @@ def measure(recipe: Recipe, layout: Layout | None = None, cluster_seed: int = 0,
 
 
 def measure_point(point: Point, cluster_seed: int = 0, arrays: LayoutArrays | None = None,
-                  eff=None, mem=None) -> dict[str, np.ndarray]:
+                  eff=None, mem=None, world: str = DEFAULT_WORLD) -> dict[str, np.ndarray]:
     """A calibration point's ground truth (noise off), on the point's own part and stack."""
-    fx = hidden_effects(point.cluster, point.stack_spec, cluster_seed)
+    fx = hidden_effects(point.cluster, point.stack_spec, cluster_seed, world)
     return evaluate(point.model, point.hw, arrays if arrays is not None else point.layout, point.stack, fx, eff,
                     mem or point.memory_params())

@@ -52,7 +52,7 @@ def peak_memory(model: ModelSpec, la: LayoutArrays, sh: Shapes, p: MemoryParams,
     layer_bytes = 2.0 * ((1 - sh.moe_frac) * dense_el + sh.moe_frac * moe_el) / tp   # SP splits by tp
     keep = np.where(full, 2.0 * model.dim / tp / np.maximum(layer_bytes, 1e-9),
                     np.where(la.ac == 1, p.sac_keep, 1.0))
-    scale = np.where(la.comp, p.compile_act, 1.0) * np.where(la.f8 > 0, p.fp8_act, 1.0)
+    scale = np.where(la.comp, p.compile_act, 1.0) * np.where(la.f8 > 0, p.fp8_act, 1.0) * fx.activation_memory
 
     extra = np.array([eff.inflight.get(s, 0.0) for s in SCHEDULES])[la.sched]
     inflight_first = np.where(la.sched == GPIPE, sh.m, np.minimum(sh.m, sh.pp + extra * (sh.pp - 1) / sh.v))

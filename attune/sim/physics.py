@@ -130,8 +130,8 @@ def step_time(model: ModelSpec, hw: Hardware, la: LayoutArrays, sh: Shapes, eff:
     tp_in = tp <= gpn
     n_tp = 8.0 + 4.0 * full
     tp_bytes = M * d * 2.0 * (tp - 1) / tp * np.where(f8 > 0, 0.8, 1.0)
-    tp_exp_frac = np.where(la.async_tp & comp, eff.tp_exposed_async,
-                           np.where(comp, eff.tp_exposed_compiled, eff.tp_exposed))
+    tp_exp_frac = np.minimum(1.0, fx.tp_exposed * np.where(la.async_tp & comp, eff.tp_exposed_async,
+                                                           np.where(comp, eff.tp_exposed_compiled, eff.tp_exposed)))
     t_tp_layer = np.where(tp > 1, n_tp * (tp_bytes / _bw(tp_in, hw, eff, fx, gpn) + _lat(tp_in, eff)), 0.0)
     mb_tp = (L + 1) * t_tp_layer * tp_exp_frac
 
@@ -169,7 +169,7 @@ def step_time(model: ModelSpec, hw: Hardware, la: LayoutArrays, sh: Shapes, eff:
     pp_in = sh.world / sh.pp < gpn
     pp_bytes = M * d * 2.0 / tp
     t_p2p = n_mb * 2.0 * sh.v * (pp_bytes / _bw(pp_in, hw, eff, fx) + _lat(pp_in, eff))
-    pp_exposed = np.where(sh.piped, t_p2p * eff.pp_exposed, 0.0)
+    pp_exposed = np.where(sh.piped, t_p2p * min(1.0, eff.pp_exposed * fx.pp_exposed), 0.0)
 
     # --- FSDP (per micro-step, or per step) and the HSDP replicate all-reduce ---
     compute_all = n_mb * (mb_compute + mb_recompute)
@@ -182,13 +182,14 @@ def step_time(model: ModelSpec, hw: Hardware, la: LayoutArrays, sh: Shapes, eff:
     fsdp_bw = _bw(fsdp_in, hw, eff, fx, np.clip(gpn / tp, 1.0, sh.dps * cp))
     t_fsdp = np.where(gather_share > 0, fsdp_bytes / fsdp_bw + n_fsdp * _lat(fsdp_in, eff), 0.0)
     edge = 2.0 * t_fsdp / (L + 2.0)        # the first gather and the last reduce cannot overlap
-    fsdp_exposed = np.maximum(0.0, t_fsdp - eff.fsdp_overlap * compute_all) + edge
+    overlap = eff.fsdp_overlap * fx.fsdp_overlap
+    fsdp_exposed = np.maximum(0.0, t_fsdp - overlap * compute_all) + edge
     rep_in = sh.dpr * sh.dps * cp * tp <= gpn
     rep_bytes = 2.0 * (sh.dpr - 1) / sh.dpr * 4.0 * sh.sharded_params
     rep_bw = _bw(rep_in, hw, eff, fx, np.clip(gpn / (sh.dps * cp * tp), 1.0, sh.dpr))
     t_rep = np.where(sh.dpr > 1, rep_bytes / rep_bw + _lat(rep_in, eff), 0.0)
     last_bwd = compute_all / n_mb * (2.0 / 3.0) * sh.m
-    rep_exposed = np.maximum(0.0, t_rep - eff.fsdp_overlap * last_bwd) + np.where(sh.dpr > 1, 0.05 * t_rep, 0.0)
+    rep_exposed = np.maximum(0.0, t_rep - overlap * last_bwd) + np.where(sh.dpr > 1, 0.05 * t_rep, 0.0)
 
     optimizer = eff.optimizer_bytes * sh.sharded_params / hbm + 2e-3
     overlapped = (t_fsdp - fsdp_exposed + edge) + (t_rep - rep_exposed) + n_mb * (ep_hidden + cp_hidden)

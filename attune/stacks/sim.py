@@ -1,6 +1,7 @@
 """The simulated stack: trials on the simulated cluster's ground truth, charged as real ones would be.
 
     stack = SimStack(cluster_seed=0)                 # same seed = same cluster (and the oracle's)
+    stack = SimStack(cluster_seed=3, world="hard")   # a sibling cluster, far from the public model
     stack.estimate_wall_time_s(recipe, steps=20)     # conservative, from the public estimator
     result = stack.run_trial(recipe, steps=20, seed=1, workdir=Path("runs/t1"))
 
@@ -27,6 +28,7 @@ from attune.sim.ground_truth import cluster_seed_of, measure_many, step_noise
 from attune.sim.params import stack_efficiency
 from attune.sim.shapes import torchtitan_flops_per_token
 from attune.sim.stepmodel import result_at
+from attune.sim.worlds import DEFAULT_WORLD, cluster_text, world_scale
 from attune.stacks.base import StepMetrics, TrialResult, TrialStatus
 
 WATCHDOG_S = 600.0   # NCCL watchdog: a hung collective is killed after this long
@@ -35,10 +37,14 @@ WATCHDOG_S = 600.0   # NCCL watchdog: a hung collective is killed after this lon
 class SimStack:
     name = "sim"
 
-    def __init__(self, cluster_seed: int = 0, fault_rate: float = 0.0):
+    def __init__(self, cluster_seed: int = 0, fault_rate: float = 0.0, world: str = DEFAULT_WORLD):
         if not 0.0 <= fault_rate <= 1.0:
             raise InputError("fault_rate", f"must be in [0, 1], got {fault_rate}")
+        if int(cluster_seed) < 0:
+            raise InputError("--cluster-seed", f"must be >= 0, got {cluster_seed}")
+        world_scale(world)   # an unknown world is refused before any trial
         self.cluster_seed = int(cluster_seed)
+        self.world = world
         self.fault_rate = float(fault_rate)
 
     def estimate_wall_time_s(self, recipe: Recipe, steps: int) -> float:
@@ -66,7 +72,7 @@ class SimStack:
         eff = stack_efficiency(STACK)
         startup = startup_s(recipe, layout) * float(rng.uniform(0.9, 1.1))
         hw = recipe_hardware(recipe)
-        cols = measure_many(recipe, [layout], self.cluster_seed)
+        cols = measure_many(recipe, [layout], self.cluster_seed, self.world)
         truth = result_at(cols, 0, hw, source="ground_truth")
         step_s = truth.step_time_s
         first_extra = eff.warmup_s + eff.warmup_steps * step_s
@@ -106,7 +112,9 @@ class SimStack:
                            tokens_per_sec_per_gpu=round(tps, 3), mfu=round(tps * flops / hw.peak_bf16, 5),
                            step_time_s=round(mean_step, 6), peak_memory_gib=truth.peak_memory_gib,
                            breakdown=breakdown, steps=metrics, **common,
-                           message=f"simulated: {steps} steps on {recipe.cluster.label} (cluster_seed {self.cluster_seed})")
+                           message=f"simulated: {steps} steps on {recipe.cluster.label} ({cluster_text(self.cluster_seed, self.world)})")
+
+
 
 
 def _scaled(breakdown: dict, factor: float) -> dict:

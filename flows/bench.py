@@ -26,18 +26,39 @@ from prefect.cache_policies import NO_CACHE
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from attune.bench import report
-from attune.bench.request import (BenchCell, BenchRecipe, bench_cells, bench_recipes, cluster_seed_for, oracle_key,
-                                  parse_planners, write_tuned_recipe)
+from attune.bench.request import (BenchCell, BenchRecipe, bench_cells, bench_recipes, oracle_key, parse_planners,
+                                  write_tuned_recipe)
 from attune.bench.summary import public_rows, summarize
 from attune.bench.targets import check_targets
 from attune.files import attune_home
 from flows import bench_pool as pool
 
 
+MAX_CLUSTERS_TRIED = 4   # per seed: siblings looked at for one on which the recipe runs
+
+
 @task(name="bench-oracle", cache_policy=NO_CACHE)
-def oracle_of(recipe: BenchRecipe, seed: int, world: str) -> dict[str, Any]:
+def oracle_of(recipe: BenchRecipe, cluster_seed: int, world: str) -> dict[str, Any]:
     from attune.bench.truth import oracle_json
-    return pool.submit(oracle_json, recipe.model_dump_json(), cluster_seed_for(seed), world).result()
+    return pool.submit(oracle_json, recipe.model_dump_json(), cluster_seed, world).result()
+
+
+def runnable_clusters(bench: list[BenchRecipe], seeds: int, world: str) -> tuple[dict[str, list[int]], dict[str, dict]]:
+    """Per recipe, the first `seeds` sibling clusters (cluster_seed 1, 2, ...) on which its own layout
+    runs, and the oracle of each; a recipe that runs on too few of them is benchmarked on fewer."""
+    clusters: dict[str, list[int]] = {r.label: [] for r in bench}
+    oracles: dict[str, dict] = {}
+    tried = 0
+    while tried < seeds * MAX_CLUSTERS_TRIED and any(len(c) < seeds for c in clusters.values()):
+        wanted = {r.label: seeds - len(clusters[r.label]) for r in bench}
+        futures = {oracle_key(r.label, tried + 1 + i): (r, tried + 1 + i, oracle_of.submit(r, tried + 1 + i, world))
+                   for r in bench for i in range(wanted[r.label])}
+        tried += max(wanted.values())
+        for key, (r, cluster_seed, future) in sorted(futures.items(), key=lambda kv: kv[1][1]):
+            oracles[key] = future.result()
+            if oracles[key]["baseline_tps"] > 0 and len(clusters[r.label]) < seeds:
+                clusters[r.label].append(cluster_seed)
+    return clusters, oracles
 
 
 @task(name="bench-tuned-recipe", cache_policy=NO_CACHE)
@@ -81,25 +102,25 @@ def tuner_benchmark(recipes: list[str], planners: str = "attune,random,bayes,est
 
     pool.open_pool(workers, homes, pool.current_prefect_api(), Path(gate_cache).resolve() if gate_cache else None)
     try:
-        oracle_futures = {oracle_key(r.label, s): oracle_of.submit(r, s, world) for s in range(seeds) for r in bench}
-        tuned = {key: tuned_recipe(r, oracle_futures[key].result(), out_dir / "tuned-recipes")
-                 for r in bench if r.tuned for s in range(seeds) for key in [oracle_key(r.label, s)]}
-        cells = bench_cells(bench, variants, seeds, steps_per_trial, replicates, gate_steps, gate_seed, world, tuned)
+        clusters, oracle = runnable_clusters(bench, seeds, world)
+        tuned = {key: tuned_recipe(r, oracle[key], out_dir / "tuned-recipes")
+                 for r in bench if r.tuned for c in clusters[r.label] for key in [oracle_key(r.label, c)]}
+        cells = bench_cells(bench, variants, seeds, steps_per_trial, replicates, gate_steps, gate_seed, world, clusters,
+                            tuned)
         cell_futures = [campaign_cell.submit(c, len(cells), started, quiet) for c in cells]
-        oracle = {key: f.result() for key, f in oracle_futures.items()}
         rows_in = [f.result() for f in cell_futures]
     finally:
         pool.close_pool()
 
     rows = summarize(rows_in, oracle)
-    checks = check_targets(rows)
+    checks = check_targets(rows, world=world)
     seconds = time.monotonic() - started
     meta = {"campaigns": len(cells), "seeds": seeds, "workers": workers, "seconds": seconds, "world": world}
     markdown = report.markdown(rows, checks, meta, oracle)
     out_dir.mkdir(parents=True, exist_ok=True)
     payload = {"results": public_rows(rows), "targets": checks, "oracle": oracle, "simulated": True,
                "settings": {"recipes": [r.model_dump() for r in bench], "planners": [v.model_dump() for v in variants],
-                            "seeds": seeds, "world": world, "cluster_seeds": [cluster_seed_for(s) for s in range(seeds)],
+                            "seeds": seeds, "world": world, "clusters": clusters,
                             "steps_per_trial": steps_per_trial, "replicates": replicates,
                             "gate_seed": gate_seed, "workers": workers},
                "seconds": seconds, "out": str(out_dir)}

@@ -69,7 +69,8 @@ def run_cell(cell_json: str) -> dict[str, Any]:
     cell = BenchCell.model_validate_json(cell_json)
     started = time.monotonic()
     row: dict[str, Any] = {"key": cell.key, "recipe": cell.recipe.label, "planner": cell.variant.label,
-                           "seed": cell.seed, "gpus": cell.recipe.gpus,
+                           "seed": cell.seed, "cluster_seed": cell.cluster_seed, "world": cell.world,
+                           "gpus": cell.recipe.gpus,
                            "budget_gpu_hours": cell.recipe.budget_gpu_hours, "error": None}
     try:
         result = _campaign(cell)

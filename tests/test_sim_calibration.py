@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from attune.sim.calibration import CALIBRATION_DIR, calibration_table, format_table, load_points
-from attune.sim.ground_truth import measure_point
+from attune.sim.calibration import CALIBRATION_DIR, calibration_table, estimate_point, format_table, load_points
+from attune.sim.ground_truth import hidden_effects, measure_point
 
 TOLERANCE = 0.15
 
@@ -42,25 +42,21 @@ def test_calibration_needs_no_per_row_factors():
         assert "factor" not in header and "fudge" not in header and "scale" not in header, path
 
 
-# Public runs the memory model still puts over the device, each with why (issue 16). Every other
-# point that ran must fit; these must stay within a few percent of fitting.
-DOES_NOT_FIT_YET = {
-    ("qwen3-30b-a3b", "h100:16"): "0.8% over; pp2 x vp24 with micro-batch 2, fp8 'assumed' by the source",
-    ("qwen3-235b-a22b", "b200:64"): "7% over; Megatron puts fewer decoder layers on the first stage "
-                                    "(embedding and loss counted in the split), which the model does not",
-}
-
-
 def test_every_public_run_fits_in_the_simulated_memory_model():
+    """Every public run that ran fits in the public memory model, the one planners consult (so no
+    planner avoids a layout that works in reality), Megatron's rows with Megatron's accounting. On
+    the simulated reference cluster (cluster_seed 0) a drawn allocator fragmentation (0-4% of the live
+    peak) comes on top; without it every run fits there too."""
+    public = calibration_table(estimate_point)
+    misfits = [f"{r['model']} {r['cluster']} {r['layout']}: {r['predicted_memory_gib']:.1f} GiB" for r in public
+               if not r["fits"]]
+    assert not misfits, "\n".join(misfits)
+    assert len(public) >= 44
     rows = calibration_table(measure_point)
-    misfits = {(r["model"], r["cluster"]): r for r in rows if not r["fits"]}
-    unexpected = [f"{m} {c} {r['layout']}: {r['predicted_memory_gib']:.1f} GiB" for (m, c), r in misfits.items()
-                  if (m, c) not in DOES_NOT_FIT_YET]
-    assert not unexpected, "\n".join(unexpected)
-    for key, row in misfits.items():
-        capacity = next(p.hw.hbm_gib for p in load_points()
-                        if (p.model.name, f"{p.cluster.accelerator}:{p.cluster.gpus}") == key)
-        assert row["predicted_memory_gib"] < 1.08 * capacity, key
+    for point, row in zip(load_points(), rows):
+        if not row["fits"]:   # only the reference cluster's drawn fragmentation puts it over
+            fx = hidden_effects(point.cluster, point.stack_spec, 0)
+            assert row["predicted_memory_gib"] < (1 + fx.fragmentation + 0.01) * point.hw.hbm_gib, row["layout"]
     # torchtitan's rows that report memory: the median within 10% of what the runs showed (the two
     # H200 rows of one third-party report show 35-41% less than modelled, the widest misses)
     errors = [abs(r["predicted_memory_gib"] / r["measured_memory_gib"] - 1) for r in rows if r["measured_memory_gib"]]

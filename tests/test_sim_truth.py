@@ -106,3 +106,35 @@ def test_the_pipeline_schedule_is_inert_without_a_pipeline():
         layout = resolve_layout(config_for(recipe, levers), recipe.architecture, recipe.cluster)
         steps.add(round(measure(recipe, layout).step_time_s, 9))
     assert len(steps) == 1
+
+
+def test_worlds_leave_the_reference_cluster_alone_so_the_calibration_holds_in_each():
+    """cluster_seed 0 is the reference the public points pin: the same effects in every world (the
+    calibration test, tests/test_sim_calibration.py, reads it); siblings depart as far as the world says."""
+    from attune.sim.worlds import world_names
+
+    r = RECIPES[1]
+    reference = {w: hidden_effects(r.cluster, r.stack, 0, w) for w in world_names()}
+    assert len(set(map(repr, reference.values()))) == 1
+    sibling = {w: hidden_effects(r.cluster, r.stack, 3, w) for w in world_names()}
+    assert sibling["easy"] == hidden_effects(r.cluster, r.stack, 3, "easy")
+    spread = {w: abs(np.log(fx.net_slow / sibling["easy"].net_slow)) + abs(np.log(fx.a2a_inter_slow /
+                                                                                    sibling["easy"].a2a_inter_slow))
+              for w, fx in sibling.items()}
+    assert spread["easy"] == 0.0 < spread["realistic"] < spread["hard"]
+
+
+def test_each_world_sets_how_far_the_estimator_misses():
+    """Median error per layout on two MoE benchmark recipes over three siblings each: ~6% easy, ~15%
+    realistic, ~25% hard (benchmarks/bench_worlds.py prints the full table)."""
+    from pathlib import Path
+
+    from attune.recipe import load_recipe
+    from attune.sim.fidelity import estimator_fidelity
+
+    bench = Path(__file__).resolve().parent.parent / "benchmarks" / "recipes"
+    recipes = [load_recipe(bench / "deepseek_v3_16b_h100x64.toml"), load_recipe(bench / "qwen3_30b_a3b_h100x128.toml")]
+    median = {w: np.median([estimator_fidelity(r, c, w, sample=400)["median_error"] for r in recipes for c in (1, 2, 3)])
+              for w in ("easy", "realistic", "hard")}
+    print(f"\nestimator median error per world: {median}")
+    assert 0.03 < median["easy"] < 0.10 < median["realistic"] < 0.20 < median["hard"] < 0.35

@@ -4,8 +4,10 @@ A planner variant is a registered planner, optionally with search rules switched
 `attune-no-lessons` is the `attune` planner without its lessons catalog (an ablation), and
 `--ablations` adds one such variant per rule. `--disable-rule R` applies to every `attune` variant.
 
-Seed s runs on simulated cluster s + 1 of the world (`--world`): a sibling of the reference cluster
-the public calibration pins, so every seed is another cluster, not only another noise draw.
+Each seed runs on its own simulated cluster of the world (`--world`): seed s on the s-th sibling of
+the reference cluster (cluster_seed 1, 2, ...) on which the recipe's own layout runs (a campaign
+needs a working recipe; in a hard world a recipe near the memory edge runs out of memory on some),
+so every seed is another cluster, not only another noise draw. All planners share the clusters.
 `tuned:RECIPE` benchmarks the recipe moved to the best layout the gate passes on each seed's
 cluster: a well-tuned recipe, where nothing is left to find and a shipped "gain" is a false one.
 """
@@ -50,6 +52,7 @@ class BenchCell(BaseModel):
     variant: PlannerVariant
     seed: int
     world: str = DEFAULT_WORLD
+    cluster_seed: int = 1               # the simulated cluster this seed runs on (attune.bench.truth)
     tuned_path: str | None = None       # the tuned recipe file for this cell's cluster (tuned recipes)
     steps_per_trial: int = 10
     replicates: int = 3
@@ -60,10 +63,6 @@ class BenchCell(BaseModel):
     @property
     def key(self) -> str:
         return f"{self.recipe.label}|{self.variant.label}|{self.seed}"
-
-    @property
-    def cluster_seed(self) -> int:
-        return cluster_seed_for(self.seed)
 
     @property
     def path(self) -> str:
@@ -79,13 +78,8 @@ class BenchCell(BaseModel):
         return {"cluster_seed": self.cluster_seed, "world": self.world}
 
 
-def cluster_seed_for(seed: int) -> int:
-    """Seed s of a benchmark runs on sibling cluster s + 1 (cluster_seed 0 is the reference)."""
-    return int(seed) + 1
-
-
-def oracle_key(label: str, seed: int) -> str:
-    return f"{label}#{cluster_seed_for(seed)}"
+def oracle_key(label: str, cluster_seed: int) -> str:
+    return f"{label}#{cluster_seed}"
 
 
 def default_budget(gpus: int) -> float:
@@ -175,8 +169,10 @@ def write_tuned_recipe(recipe: BenchRecipe, oracle: dict, folder: Path) -> str:
 
 def bench_cells(recipes: list[BenchRecipe], variants: list[PlannerVariant], seeds: int, steps: int = 10,
                 replicates: int = 3, gate_steps: int | None = None, gate_seed: int | None = 0,
-                world: str = DEFAULT_WORLD, tuned_paths: dict[str, str] | None = None) -> list[BenchCell]:
-    """Every campaign; `tuned_paths` maps oracle_key(label, seed) of a tuned recipe to its file."""
+                world: str = DEFAULT_WORLD, clusters: dict[str, list[int]] | None = None,
+                tuned_paths: dict[str, str] | None = None) -> list[BenchCell]:
+    """Every campaign. `clusters` maps a recipe's label to the cluster_seed of each seed (default
+    s + 1); `tuned_paths` maps oracle_key(label, cluster_seed) of a tuned recipe to its file."""
     if seeds < 1:
         raise InputError("--seeds", f"must be >= 1, got {seeds}")
     world_scale(world)
@@ -185,7 +181,9 @@ def bench_cells(recipes: list[BenchRecipe], variants: list[PlannerVariant], seed
     # Seed-major, recipes innermost: campaigns that may ship the same candidate (one planner, one
     # recipe, two seeds) run far apart, so the second finds the first's gate verdict in the cache
     # instead of training the same proxy runs at the same time in the other worker.
-    tuned_paths = tuned_paths or {}
-    return [BenchCell(recipe=r, variant=v, seed=s, world=world, tuned_path=tuned_paths.get(oracle_key(r.label, s)),
+    tuned_paths, clusters = tuned_paths or {}, clusters or {}
+    cluster = {r.label: clusters.get(r.label) or [s + 1 for s in range(seeds)] for r in recipes}
+    return [BenchCell(recipe=r, variant=v, seed=s, world=world, cluster_seed=cluster[r.label][s],
+                      tuned_path=tuned_paths.get(oracle_key(r.label, cluster[r.label][s])),
                       steps_per_trial=steps, replicates=replicates, gate_steps=gate_steps, gate_seed=gate_seed)
-            for s in range(seeds) for v in variants for r in recipes]
+            for s in range(seeds) for v in variants for r in recipes if s < len(cluster[r.label])]

@@ -42,5 +42,4 @@ def score_campaign(cell, result: dict[str, Any]) -> dict[str, Any]:
             "gpu_hours_used": result["gpu_hours_used"], "trials": result["trials"], "shipped": result["shipped"],
             "gate_passed": (bool(gate.get("passed")) if gate else None), "stop_reason": result["stop_reason"],
             "gate_runs": len(state.rejected) + (1 if gate else 0), "fell_back": bool(state.rejected),
-            "shipped_levers": shipped_levers, "campaign_id": result["campaign_id"],
-            "cluster_seed": cell.cluster_seed, "world": cell.world}
+            "shipped_levers": shipped_levers, "campaign_id": result["campaign_id"]}

@@ -6,7 +6,8 @@ seed is its own cluster), so the noise that happened to hit the final measuremen
 
   mean_gain, ci95   mean over seeds and its 95% t-interval
   best_gain         the best seed
-  oracle_share      shipped throughput / the oracle's (best layout of the lever space, noise off)
+  oracle_share      shipped throughput / the oracle's: the best layout of the lever space the gate's config
+                    check passes (known defects and objective changes are not shippable), noise off
   gpu_hours_used    mean GPU-hours a campaign charged (baseline, search, confirmation)
   gpu_hours_to_95   GPU-hours after which the seed-mean gain of the incumbent first holds 95% of the
                     final mean gain (the incumbent is the layout the campaign would ship if it
@@ -117,7 +118,7 @@ def summarize(cells: list[dict], oracle: dict[str, dict]) -> list[dict]:
                         | {"error": group[0].get("error")})
             continue
         gains = [c["gain"] for c in ok]
-        of = [oracle.get(oracle_key(recipe, c["seed"])) or {} for c in ok]
+        of = [oracle.get(oracle_key(recipe, c["cluster_seed"])) or {} for c in ok]
         best = [o.get("tokens_per_sec_per_gpu") for o in of]
         exact = [(o.get("exact") or {}).get("tokens_per_sec_per_gpu") for o in of]
         oracle_shares = [c["truth_shipped_tps"] / b for c, b in zip(ok, best) if b]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import tomllib
-from pathlib import Path
 
 from pydantic import BaseModel
 

@@ -4,10 +4,22 @@
                   (rejection sampling from the lever product space)
   bayes           Bayesian optimisation with Optuna's TPE sampler; invalid and failed layouts are
                   reported to it as failed trials
+  bayes-warm      the same, warm-started from the public estimator (its WARM_START best layouts the
+                  gate allows are the first trials) and with attune's knowledge of the gate: a layout
+                  the config check refuses, or predicted to leave less than MEMORY_HEADROOM of memory
+                  free, is a failed trial that is never measured; float8 only where the gate's probe
+                  passed it. The strongest thing a practitioner would build with Optuna
   estimator-topk  rank every layout with the public estimator, measure the best-predicted first
-                  (the method of NeMo's AutoConfigurator and of estimator-driven tuning agents)
+                  (the method of NeMo's AutoConfigurator and of estimator-driven tuning agents), with
+                  the same gate knowledge: layouts the config check refuses are skipped, float8 ones
+                  measured only where the gate's probe passed them, and only layouts predicted to leave
+                  MEMORY_HEADROOM of memory free are ranked
+  estimator-topk-naive
+                  the same ranking without any of that (every layout predicted to fit, in order)
   grid            exhaustive over a coarse grid (powers of 4 for degrees, extremes for batch), in order
-Each sees only the measured history and, for estimator-topk, the public estimator.
+Each sees only the measured history and, for the estimator planners, the public estimator. A
+refused candidate falls back on the best measured layout without a numerics change, whichever
+planner found it (the campaign's fall_back).
 """
 
 from __future__ import annotations
@@ -22,6 +34,8 @@ from attune.layout import (AC_MODE, COMPILE, CP, DP_REPLICATE, DP_SHARD, EP, FLO
                            PP_SCHEDULE, TP, Layout, resolve_layout)
 from attune.levers import Scalar
 from attune.planners.base import PlannerView, Proposal
+from attune.planners.estimates import MEMORY_HEADROOM
+from attune.planners.gate_rules import GateRules, layout_key
 from attune.planners.registry import register_planner
 from attune.recipe import Recipe
 from attune.space import config_for
@@ -77,14 +91,21 @@ class RandomPlanner:
         return None
 
 
+WARM_START = 3   # bayes-warm: the estimator's best layouts (the gate allows) measured first
+
+
 @dataclass
 class BayesPlanner:
-    """Optuna TPE over the categorical lever space; each trial told its measured throughput."""
+    """Optuna TPE over the categorical lever space; each trial told its measured throughput.
+    bayes-warm: warm_start > 0 and gated (see the module docstring)."""
     name: str = "bayes"
     seed: int = 0
     stop_reason: str = ""
     max_asks: int = 500
+    warm_start: int = 0
+    gated: bool = False
     _pending: dict[int, Any] = field(default_factory=dict)
+    gate: GateRules = field(default_factory=GateRules)
 
     def __post_init__(self):
         import optuna
@@ -93,11 +114,33 @@ class BayesPlanner:
         self._study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=self.seed))
         self._told = 0
         self._known: set[tuple] = set()
+        self._warm: set[tuple] = set()   # the warm start's layouts, asked first
+        self._warmed = False
+
+    def _enqueue_warm_start(self, view: PlannerView) -> None:
+        """The estimator's best layouts the gate allows, leaving MEMORY_HEADROOM free, asked first."""
+        ranked = rank_by_estimator(view.recipe, MEMORY_HEADROOM)
+        for i in range(min(len(ranked), 5000)):
+            levers = ranked[i]
+            if self.gated and not gate_allows(self.gate, view.recipe, levers):
+                continue
+            params = {k: levers[k] for k in SEARCHED}
+            if layout_key(params) not in self._warm:
+                self._study.enqueue_trial(params)
+                self._warm.add(layout_key(params))
+            if len(self._warm) >= self.warm_start:
+                break
+
+    def _refused(self, view: PlannerView, layout: Layout) -> bool:
+        """Gated: a layout the gate would refuse or the estimator says does not fit is never measured."""
+        if not self.gated:
+            return False
+        from attune.planners.estimates import predict
+        return not gate_allows(self.gate, view.recipe, layout.levers()) or not predict(view.recipe, layout).fits
 
     def _tell_history(self, view: PlannerView) -> None:
         for obs in view.history[self._told:]:
-            key = tuple(sorted(obs.levers.items()))
-            trial = self._pending.pop(key, None)
+            trial = self._pending.pop(layout_key(obs.levers), None)
             if trial is None:  # a trial this planner did not ask for (the baseline): add it as known
                 self._add_known(view, obs)
                 continue
@@ -109,7 +152,7 @@ class BayesPlanner:
 
     def _add_known(self, view: PlannerView, obs) -> None:
         params = {k: obs.levers.get(k) for k in SEARCHED}
-        key = tuple(sorted(params.items()))
+        key = layout_key(params)
         if key in self._known or not obs.result.ok or any(v not in view.domains[k] for k, v in params.items()):
             return
         self._known.add(key)
@@ -119,14 +162,19 @@ class BayesPlanner:
 
     def propose(self, view: PlannerView) -> Proposal | None:
         self._tell_history(view)
+        self.gate.probe = view.gate_probe if self.gated else None
+        if self.warm_start and not self._warmed:
+            self._warmed = True
+            self._enqueue_warm_start(view)
         tried = _tried(view)
         for _ in range(self.max_asks):
             trial = self._study.ask()
             draw = {k: trial.suggest_categorical(k, list(view.domains[k])) for k in SEARCHED}
+            warm = layout_key(draw) in self._warm
             if draw[PP] == 1:
                 draw[PP_SCHEDULE], draw[PP_MICROBATCH] = "1F1B", 1
             layout = _resolve(view.recipe, draw)
-            if layout is None:   # an invalid layout is a failed trial to the sampler
+            if layout is None or self._refused(view, layout):   # a failed trial to the sampler
                 self._study.tell(trial, state=self._optuna.trial.TrialState.FAIL)
                 continue
             if layout.levers() in tried:   # already measured: tell it what was measured, ask again
@@ -139,58 +187,73 @@ class BayesPlanner:
             if not _affordable(view, layout.levers()):   # the budget cannot pay for it: a failure too
                 self._study.tell(trial, state=self._optuna.trial.TrialState.FAIL)
                 continue
-            self._pending[tuple(sorted(layout.levers().items()))] = trial
-            return Proposal(levers=layout.levers(), rationale="TPE suggestion")
+            self._pending[layout_key(layout.levers())] = trial
+            why = "the estimator's warm start" if warm else "TPE suggestion"
+            return Proposal(levers=layout.levers(), rationale=why + self.gate.note(layout.levers()))
         self.stop_reason = "no moves left: the sampler found no untried valid layout"
         return None
 
 
 @dataclass
 class EstimatorTopK:
-    """Rank the whole space with the public estimator once; measure in predicted order, keep the best."""
+    """Rank the whole space with the public estimator once; measure in predicted order, keep the best.
+    Gated (the default): the planner knows the gate as attune does (see the module docstring)."""
     name: str = "estimator-topk"
     seed: int = 0
     stop_reason: str = ""
     k: int | None = None   # None: as many as the budget allows
+    gated: bool = True
     max_too_dear: int = 300
+    max_skipped: int = 5000   # layouts the gate rules may skip in one proposal (a config check is ~10 ms)
     _ranked: Any = None
     _next: int = 0
     _proposed: list[tuple] = field(default_factory=list)
+    gate: GateRules = field(default_factory=GateRules)
 
     def propose(self, view: PlannerView) -> Proposal | None:
         if self._ranked is None:
-            self._ranked = rank_by_estimator(view.recipe)
-        tried = {_key(levers) for levers in _tried(view)}
+            self._ranked = rank_by_estimator(view.recipe, MEMORY_HEADROOM if self.gated else 0.0)
+        self.gate.probe = view.gate_probe if self.gated else None
+        tried = {layout_key(levers) for levers in _tried(view)}
         measured = sum(1 for key in self._proposed if key in tried)
         if self.k is not None and measured >= self.k:
             self.stop_reason = f"converged: measured the estimator's top {self.k}"
             return None
-        too_dear = 0
+        too_dear = skipped = 0
         while self._next < len(self._ranked):
             rank, levers = self._next, self._ranked[self._next]
             self._next += 1
-            if _key(levers) in tried:
+            if layout_key(levers) in tried:
+                continue
+            if self.gated and not gate_allows(self.gate, view.recipe, levers):
+                skipped += 1
+                if skipped >= self.max_skipped:
+                    break
                 continue
             if _affordable(view, levers):
-                self._proposed.append(_key(levers))
-                return Proposal(levers=levers, rationale=f"estimator rank {rank + 1}")
+                self._proposed.append(layout_key(levers))
+                return Proposal(levers=levers, rationale=f"estimator rank {rank + 1}{self.gate.note(levers)}")
             too_dear += 1
             if too_dear >= self.max_too_dear:
                 self.stop_reason = (f"budget: the {self.max_too_dear} next best-predicted layouts cost more "
                                     f"than the budget left")
                 return None
-        self.stop_reason = "no moves left: every layout predicted to fit was measured"
+        self.stop_reason = "no moves left: every layout predicted to fit was measured or is one the gate would refuse"
         return None
 
 
-def _key(levers: dict[str, Scalar]) -> tuple:
-    return tuple(sorted(levers.items()))
+def gate_allows(gate: GateRules, recipe: Recipe, levers: dict[str, Scalar]) -> bool:
+    """The config check passes it and, in the numerics tier (float8), the gate's probe passed it."""
+    if not gate.allows(recipe, levers):
+        return False
+    return not gate.tier(recipe, levers)[1] or gate.numerics_pass(levers)
 
 
-def rank_by_estimator(recipe: Recipe):
-    """Every valid layout predicted to fit, best predicted throughput first (a lazy sequence)."""
+def rank_by_estimator(recipe: Recipe, headroom: float = 0.0):
+    """Every valid layout predicted to fit (leaving `headroom` of memory free), best predicted
+    throughput first (a lazy sequence)."""
     from attune.planners.estimates import rank_layouts
-    return rank_layouts(recipe)
+    return rank_layouts(recipe, headroom=headroom)
 
 
 @dataclass
@@ -231,3 +294,7 @@ def coarse_grid(view: PlannerView) -> list[dict[str, Scalar]]:
 
 for _cls in (RandomPlanner, BayesPlanner, EstimatorTopK, GridPlanner):
     register_planner(_cls.name, lambda seed=0, _cls=_cls, **_: _cls(seed=seed))
+register_planner("estimator-topk-naive", lambda seed=0, **_: EstimatorTopK(name="estimator-topk-naive", seed=seed,
+                                                                            gated=False))
+register_planner("bayes-warm", lambda seed=0, **_: BayesPlanner(name="bayes-warm", seed=seed, warm_start=WARM_START,
+                                                                gated=True))

@@ -12,6 +12,10 @@ from dataclasses import dataclass
 from attune.layout import Layout
 from attune.recipe import Recipe
 
+MEMORY_HEADROOM = 0.10   # share of GPU memory a layout reached by a jump of several levers must be predicted
+                         # to leave free: memory is what a cluster most often contradicts the estimator on
+                         # (an out-of-memory trial costs a trial and its retry)
+
 
 @dataclass(frozen=True)
 class Prediction:
@@ -45,16 +49,17 @@ class RankedLayouts(Sequence):
         return self._arrays.layout(int(self._order[i])).levers()
 
 
-def rank_layouts(recipe: Recipe, headroom: float = 0.0) -> RankedLayouts:
+def rank_layouts(recipe: Recipe, headroom: float = 0.0, fit=None) -> RankedLayouts:
     """Every valid layout of the recipe's lever space the estimator predicts to fit, best first;
-    with `headroom`, only those predicted to leave that share of GPU memory free."""
+    with `headroom`, only those predicted to leave that share of GPU memory free; with `fit` (an
+    attune.planners.cluster_fit.ClusterFit), the estimator corrected by what trials measured."""
     import numpy as np
 
-    from attune.sim.estimator import estimate_many
+    from attune.sim.estimator import as_arrays, estimate_many
     from attune.sim.space_arrays import space_arrays  # the space, vectorised: seconds, not minutes
 
-    arrays = space_arrays(recipe)
-    cols = estimate_many(recipe, arrays)
+    arrays = as_arrays(recipe, space_arrays(recipe))
+    cols = fit.columns(recipe, arrays) if fit is not None else estimate_many(recipe, arrays)
     fits = np.flatnonzero(cols["fits"] & (cols["mem_total_gib"] <= (1.0 - headroom) * recipe.cluster.memory_gib))
     order = fits[np.argsort(-cols["tps"][fits], kind="stable")]
     return RankedLayouts(arrays, order, cols["tps"])

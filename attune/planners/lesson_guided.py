@@ -1,6 +1,17 @@
 """The `attune` planner: diagnose the incumbent, match lessons, move ONE lever, measure.
 
 Search rules (each can be switched off for ablations, see RULES):
+  cluster-fit      every prediction below is the public estimator's step model fitted to what the
+                   trials measured (attune.planners.cluster_fit: compute per precision, each link's
+                   bandwidth, how much communication hides, bubbles, recomputation, memory), and the
+                   goal is re-ranked after every trial: where the cluster departs from the model, the
+                   walk heads for what the cluster is, not for what the model says
+  explore          the model's out-of-sample misses on this campaign's own trials (its doubt, shrunk
+                   toward a 10% prior) widen what is worth a trial: a move predicted to gain more than
+                   the floor minus the doubt is measured while the budget lasts. Where the model keeps
+                   proving right the walk stops sooner; where it proves wrong it keeps measuring
+  regoal           after a trial, a re-ranked goal not yet measured that is predicted to beat every
+                   one-lever move by more than the floor is measured as it is
   oom-recompute    an out-of-memory layout is retried with more recomputation before it is abandoned
   estimator-fit    candidates the public estimator predicts not to fit are offered with the
                    recomputation or micro-batch compensation that makes them fit, else dropped
@@ -13,7 +24,7 @@ Search rules (each can be switched off for ablations, see RULES):
                    that avoids it (no recomputation for the compile + recompute MoE defect), else
                    dropped: a campaign ships only what passes the gate, so such a trial is wasted
   estimator-goal   the public estimator's best layout the gate rules allow, predicted to leave
-                   GOAL_HEADROOM of memory free, is the search's goal:
+                   MEMORY_HEADROOM of memory free, is the search's goal:
                    among the moves predicted to improve, one that brings levers in line with the
                    goal is credited with a share of the goal's remaining predicted gain, so the
                    one-lever walk heads for the estimator's optimum instead of the nearest hill
@@ -48,26 +59,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from attune.errors import InputError
-from attune.layout import AC_MODE, FLOAT8, LOCAL_BATCH, Layout, apply_levers, resolve_layout
+from attune.layout import AC_MODE, LOCAL_BATCH, PP_MICROBATCH, PP_SCHEDULE, Layout, apply_levers, resolve_layout
 from attune.levers import Scalar
 from attune.campaign.budget import hours_text
-from attune.planners.gate_rules import GateRules
+from attune.planners.gate_rules import GateRules, layout_key
 from attune.planners.base import Observation, PlannerView, Proposal
-from attune.planners.estimates import predict
-from attune.recipe import Recipe
+from attune.planners.cluster_fit import ClusterModel
+from attune.planners.goal import Goal, predicted_gain
 from attune.space import config_for
 from lessons.catalog import Lesson, load_lessons, match
 
-RULES = ("oom-recompute", "estimator-fit", "no-repeat", "cheaper-ties", "lessons", "gate-safe", "gate-probe",
+RULES = ("cluster-fit", "explore", "regoal", "oom-recompute", "estimator-fit", "no-repeat", "cheaper-ties", "lessons", "gate-safe", "gate-probe",
          "exact-first", "estimator-goal", "goal-first", "goal-jump", "recheck")
 TIE = 0.005            # predicted gains closer than this are a tie
+PIPELINE_ONLY = (PP_SCHEDULE, PP_MICROBATCH)
 LESSON_WEIGHT = 0.5    # how much a matching lesson's prior adds to the estimator's predicted gain
-GOAL_WEIGHT = 0.5      # share of the goal's remaining predicted gain credited per lever brought in line
-GOAL_SCAN = 20_000     # estimator-ranked layouts scanned for the goal (the gate rules decide the first)
-GOAL_CHECKS = 500      # config checks spent on it at most (about 10 ms each)
-GOAL_HEADROOM = 0.10   # share of GPU memory the goal must be predicted to leave free: it is reached by a
-                       # jump of several levers, and memory is what a cluster most often contradicts
-                       # the estimator on (an OOM first trial costs a trial and its retry)
 
 
 @dataclass
@@ -99,16 +105,23 @@ class LessonGuidedPlanner:
     lessons: list[Lesson] = field(default_factory=load_lessons)
     min_gain: float | None = None   # stop when nothing is predicted to gain more (default: half the band)
     stop_reason: str = ""
-    _goal: dict[str, Scalar] | None = None
-    _goal_done: bool = False
     _too_dear: int = 0              # moves predicted to gain that the budget could not pay (this proposal)
     gate: GateRules = field(init=False)   # what the planner knows of the gate (attune.planners.gate_rules)
+    goal: Goal = field(init=False)        # the model's best layout and its rules (attune.planners.goal)
+    model: ClusterModel = field(init=False)   # the cluster as the trials show it (attune.planners.cluster_fit)
 
     def __post_init__(self):
         self.gate = GateRules(disabled=self.disabled)
+        self.goal = Goal(gate=self.gate, rerank="cluster-fit" not in self.disabled)
+        self.model = ClusterModel(fitted="cluster-fit" not in self.disabled)
+
+    @property
+    def fit(self):
+        return self.model.fit
 
     def propose(self, view: PlannerView) -> Proposal | None:
         recipe = view.recipe
+        self.model.update(recipe, view.history)
         tried = [obs.levers for obs in view.history]
         last = view.history[-1] if view.history else None
         if last is not None and "oom-recompute" not in self.disabled:
@@ -123,31 +136,44 @@ class LessonGuidedPlanner:
         incumbent = resolve_layout(config_for(recipe, view.incumbent), recipe.architecture, recipe.cluster)
         floor = self.min_gain if self.min_gain is not None else view.noise_band / 2
         if "goal-first" not in self.disabled and all(obs.levers == tried[0] for obs in view.history):
-            first = self._goal_first(view, incumbent, floor)
+            first = self.goal.first(view, self.fit, incumbent, floor)
             if first is not None:
                 return first
         symptoms = self._incumbent_symptoms(view)
         self._too_dear = 0   # counted over both rankings below, so the stop reason names the budget
-        pick = self._pick(view, incumbent, self._worthwhile(view, incumbent, symptoms, tried, floor))
+        doubt = self.model.doubt if "explore" not in self.disabled else 0.0
+        pick = self._pick(view, incumbent, self._worthwhile(view, incumbent, symptoms, tried, floor, doubt))
         exact_first = self.gate.probe is None and "exact-first" not in self.disabled
         if pick is None and exact_first and not self.gate.numerics_open:
             self.gate.numerics_open = True   # the exact-tier walk has converged: now float8 may be tried
-            pick = self._pick(view, incumbent, self._worthwhile(view, incumbent, symptoms, tried, floor))
+            pick = self._pick(view, incumbent, self._worthwhile(view, incumbent, symptoms, tried, floor, doubt))
+        if "regoal" not in self.disabled and not all(obs.levers == tried[0] for obs in view.history):
+            best_move = pick.predicted_gain if pick is not None else floor
+            again = self.goal.regoal(view, self.fit, incumbent, tried, floor, best_move)
+            if again is not None:
+                return again
         if pick is None:
-            return self._goal_jump(view, incumbent, tried, floor) if "goal-jump" not in self.disabled else None
-        why = (f"lesson {pick.lesson.id}: {pick.lesson.title}" if pick.lesson else "estimator-ranked one-lever move")
+            if "goal-jump" in self.disabled:
+                return None
+            proposal, self.stop_reason = self.goal.jump_when_stuck(view, self.fit, incumbent, tried, floor,
+                                                                   self.stop_reason)
+            return proposal
+        why = (f"lesson {pick.lesson.id}: {pick.lesson.title}" if pick.lesson else "model-ranked one-lever move")
         if pick.goal_credit > 0:
             why += f" toward the estimator's goal (+{pick.goal_credit:.1%} credit)"
+        fitted = f" (fitted: {self.fit.summary()})" if self.fit.summary() else ""
+        explored = (f"; explored: within the model's measured error ({doubt:.1%}) of a gain"
+                    if pick.score <= floor else "")
         return Proposal(levers=pick.levers, move=pick.move, lesson_id=pick.lesson.id if pick.lesson else None,
                         expected_gain=pick.predicted_gain,
-                        rationale=f"{why}; symptoms {sorted(symptoms) or ['none']}; estimator predicts "
-                                  f"{pick.predicted_gain:+.1%}{pick.note}{self.gate.note(pick.levers)}")
+                        rationale=f"{why}; symptoms {sorted(symptoms) or ['none']}; the model{fitted} predicts "
+                                  f"{pick.predicted_gain:+.1%}{pick.note}{explored}{self.gate.note(pick.levers)}")
 
     def _pick(self, view: PlannerView, incumbent: Layout, candidates: list[Candidate]) -> Candidate | None:
         """The best-ranked candidate (the cheapest of a tie); a numerics-tier one only once the gate
         has passed it (gate-probe): a refused one is dropped and the next is taken."""
         if candidates and "estimator-goal" not in self.disabled and not self.gate.numerics_open:
-            self._credit_goal(view, incumbent, candidates)
+            self.goal.credit(view, self.fit, incumbent, candidates)
         while candidates:
             best_rank = max(c.rank for c in candidates)
             if "cheaper-ties" in self.disabled:
@@ -163,10 +189,11 @@ class LessonGuidedPlanner:
 
     # ------------------------------------------------------------------------------------------
     def _worthwhile(self, view: PlannerView, incumbent: Layout, symptoms: set[str], tried: list,
-                    floor: float) -> list[Candidate]:
-        """Candidates predicted to gain more than `floor`; if none, stop_reason says why."""
+                    floor: float, doubt: float = 0.0) -> list[Candidate]:
+        """Candidates predicted to gain more than `floor` less the model's `doubt`; if none,
+        stop_reason says why."""
         candidates = self._candidates(view, incumbent, symptoms, tried)
-        worthwhile = [c for c in candidates if c.score > floor]
+        worthwhile = [c for c in candidates if c.score > floor - doubt]
         if worthwhile:
             return worthwhile
         if self._too_dear:
@@ -177,84 +204,10 @@ class LessonGuidedPlanner:
             self.stop_reason = ("no moves left: every one-lever move from the incumbent was measured, is "
                                 "predicted not to fit, or is one the gate would refuse")
         else:
+            within = f" less the model's measured error ({doubt:.1%})" if doubt else ""
             self.stop_reason = (f"converged: no untried one-lever move is predicted to gain more than "
-                                f"{floor:.1%} over the incumbent")
+                                f"{floor:.1%}{within} over the incumbent")
         return []
-
-    def _goal_jump(self, view: PlannerView, incumbent: Layout, tried: list, floor: float) -> Proposal | None:
-        """Stuck: no one-lever move is left worth a trial, yet the estimator's goal (its best layout
-        the gate rules allow) is predicted better by more than `floor`. It is often two levers away
-        (TP down and CP up: neither fits alone), so it is measured as it is, once."""
-        goal = self._goal_levers(view)
-        if goal is None or goal in tried or goal == view.incumbent:
-            return None
-        gain = _predicted_gain(view.recipe, incumbent, goal)
-        if gain <= floor:
-            return None
-        if view.affordable is not None and not view.affordable(goal):
-            self.stop_reason = (f"budget spent: the estimator's best layout the gate allows, predicted {gain:+.1%} "
-                                f"over the incumbent, costs more than the {hours_text(view.budget_left_gpu_hours)} GPU-hours "
-                                f"left can pay with its confirmation ({self.stop_reason})")
-            return None
-        stuck = self.stop_reason
-        return _jump(incumbent, goal, gain, lambda n: f"rule goal-jump: no one-lever move is left worth a trial "
-                                                      f"({stuck}); the estimator's best layout the gate allows is "
-                                                      f"{n} levers away and predicted {gain:+.1%}")
-
-    def _credit_goal(self, view: PlannerView, incumbent: Layout, candidates: list[Candidate]) -> None:
-        """Credit each improving candidate with GOAL_WEIGHT x the goal's predicted gain over the
-        incumbent x the share of the remaining distance (levers that differ) it closes."""
-        goal = self._goal_levers(view)
-        if goal is None:
-            return
-        here = incumbent.levers()
-        distance = sum(here[k] != v for k, v in goal.items())
-        if distance == 0:
-            return
-        ahead = _predicted_gain(view.recipe, incumbent, goal)
-        if ahead <= 0:
-            return
-        for c in candidates:
-            closer = sum((c.levers[k] == v) - (here[k] == v) for k, v in goal.items())
-            c.goal_credit = GOAL_WEIGHT * ahead * max(0, closer) / distance
-
-    def _goal_levers(self, view: PlannerView) -> dict[str, Scalar] | None:
-        """The estimator's best-predicted layout that passes the gate rules in force (once)."""
-        if not self._goal_done:
-            from attune.planners.estimates import rank_layouts
-
-            self._goal_done = True
-            ranked = rank_layouts(view.recipe, headroom=GOAL_HEADROOM)
-            float8 = view.recipe.layout().float8
-            checks, probed = 0, False
-            for i in range(min(len(ranked), GOAL_SCAN)):
-                levers = ranked[i]
-                if levers[FLOAT8] != float8 and (probed or not self.gate.numerics_allowed(levers)):
-                    continue   # cheap: a float8 change always puts the candidate in the numerics tier
-                if self.gate.allows(view.recipe, levers):
-                    numerics = self.gate.tier(view.recipe, levers)[1]
-                    probed = probed or numerics   # one probe for the goal: if refused, an exact-tier goal
-                    if not numerics or self.gate.numerics_pass(levers):
-                        self._goal = levers
-                        break
-                checks += 1
-                if checks >= GOAL_CHECKS:
-                    break
-        return self._goal
-
-    def _goal_first(self, view: PlannerView, incumbent: Layout, floor: float) -> Proposal | None:
-        """Only the baseline is measured: the estimator's goal is the first trial if it is predicted
-        to gain more than `floor` and the budget pays for it."""
-        goal = self._goal_levers(view)
-        if goal is None or goal == view.incumbent:
-            return None
-        gain = _predicted_gain(view.recipe, incumbent, goal)
-        if gain <= floor or (view.affordable is not None and not view.affordable(goal)):
-            return None
-        note = self.gate.note(goal)
-        return _jump(incumbent, goal, gain, lambda n: f"rule goal-first: the estimator's best layout the gate allows "
-                                                      f"is {n} lever(s) from the baseline and predicted {gain:+.1%}: "
-                                                      f"measured first, then refined one lever at a time{note}")
 
     def _recompute_retry(self, view: PlannerView, last: Observation, tried: list) -> Proposal | None:
         if last.result.status.value != "oom":
@@ -283,9 +236,8 @@ class LessonGuidedPlanner:
             return None
         measured = last.result.tokens_per_sec_per_gpu / view.incumbent_tps - 1
         recipe = view.recipe
-        here = predict(recipe, resolve_layout(config_for(recipe, view.incumbent), recipe.architecture, recipe.cluster))
-        there = predict(recipe, resolve_layout(config_for(recipe, last.levers), recipe.architecture, recipe.cluster))
-        expected = there.tokens_per_sec_per_gpu / here.tokens_per_sec_per_gpu - 1
+        here = resolve_layout(config_for(recipe, view.incumbent), recipe.architecture, recipe.cluster)
+        expected = predicted_gain(self.fit, recipe, here, last.levers)
         if measured <= 0 or expected < view.noise_band:
             return None
         if view.affordable is not None and not view.affordable(last.levers):
@@ -302,7 +254,7 @@ class LessonGuidedPlanner:
 
     def _candidates(self, view: PlannerView, incumbent: Layout, symptoms: set[str], tried: list) -> list[Candidate]:
         recipe = view.recipe
-        base_pred = predict(recipe, incumbent)
+        base_pred = self.fit.predict(recipe, incumbent)
         lessons = [] if "lessons" in self.disabled else match(self.lessons, symptoms, recipe.architecture.is_moe,
                                                               incumbent)
         moves: list[tuple[dict[str, Scalar], Lesson | None]] = []
@@ -310,16 +262,17 @@ class LessonGuidedPlanner:
             move = lesson.move(incumbent, view.domains[lesson.try_.lever])
             if move:
                 moves.append((move, lesson))
-        for key, values in view.domains.items():   # every other one-lever move, ranked by the estimator
+        inert = PIPELINE_ONLY if incumbent.pp == 1 else ()   # without a pipeline these change nothing
+        for key, values in view.domains.items():   # every other one-lever move, ranked by the model
             for value in values:
-                if incumbent.levers()[key] != value:
+                if incumbent.levers()[key] != value and key not in inert:
                     moves.append(({key: value}, None))
         seen: dict[tuple, Candidate] = {}
         for move, lesson in moves:
             cand = self._evaluate(view, incumbent, base_pred.tokens_per_sec_per_gpu, move, lesson, tried)
             if cand is None:
                 continue
-            key = tuple(sorted(cand.levers.items()))
+            key = layout_key(cand.levers)
             if key not in seen or cand.score > seen[key].score:
                 seen[key] = cand
         return list(seen.values())
@@ -362,7 +315,7 @@ class LessonGuidedPlanner:
                 continue
             if not self.gate.allows(recipe, levers):
                 continue
-            pred = predict(recipe, layout)
+            pred = self.fit.predict(recipe, layout)
             if not pred.fits and "estimator-fit" not in self.disabled:
                 continue
             if best is None or pred.tokens_per_sec_per_gpu > best[0].tokens_per_sec_per_gpu:
@@ -380,13 +333,3 @@ class LessonGuidedPlanner:
                          cost=cost, lesson=lesson, note=note, numerics=self.gate.tier(recipe, levers)[1])
 
 
-def _jump(incumbent: Layout, goal: dict[str, Scalar], gain: float, why) -> Proposal:
-    """The goal measured as it is; why(n) is the rationale, n the number of levers it moves."""
-    moved = {k: v for k, v in goal.items() if incumbent.levers()[k] != v}
-    return Proposal(levers=dict(goal), move=moved, expected_gain=gain, rationale=why(len(moved)))
-
-
-def _predicted_gain(recipe: Recipe, incumbent: Layout, levers: dict[str, Scalar]) -> float:
-    """The public estimator's relative gain of these levers over the incumbent."""
-    there = predict(recipe, resolve_layout(config_for(recipe, levers), recipe.architecture, recipe.cluster))
-    return there.tokens_per_sec_per_gpu / predict(recipe, incumbent).tokens_per_sec_per_gpu - 1

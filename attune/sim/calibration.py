@@ -128,6 +128,12 @@ def load_points(paths: list[Path] | None = None) -> list[Point]:
 Predict = Callable[[Point], dict[str, np.ndarray]]
 
 
+def estimate_point(point: Point) -> dict[str, np.ndarray]:
+    """A calibration point on the public model (no hidden effects): what a planner would predict."""
+    from attune.sim.stepmodel import evaluate
+    return evaluate(point.model, point.hw, point.layout, point.stack, mem=point.memory_params())
+
+
 def calibration_table(predict: Predict, points: list[Point] | None = None) -> list[dict]:
     """One dict per point: source, model, accelerator, gpus, layout, measured, predicted, error."""
     rows = []

@@ -10,7 +10,9 @@ Megatron's distributed optimizer (the stack's memory table says which).
   optimizer   Adam moments, fp32 (8 B/param), sharded
   activations saved per layer and token (none / selective / full recomputation), times the
               micro-batches in flight on the first pipeline stage (1F1B: pp; GPipe: all;
-              interleaved: a little more), plus one layer's working set and the logits
+              interleaved: a little more), plus one layer's working set and the logits; where the
+              stack counts the embedding as a layer of the pipeline split (Megatron), the first
+              stage's first chunk holds one decoder layer fewer
   other       CUDA context, NCCL, workspaces, float8 buffers, and allocator fragmentation
 
 A layout fits when live memory plus real fragmentation fits; the reported peak is reserved memory.
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from attune.sim.arrays import SCHEDULES, LayoutArrays
+from attune.sim.arrays import INTERLEAVED_CODES, SCHEDULES, LayoutArrays
 from attune.sim.effects import NEUTRAL, Effects
 from attune.sim.params import MemoryParams, StackEfficiency
 from attune.sim.shapes import Shapes
@@ -42,6 +44,21 @@ def _per_token_layer(model: ModelSpec, p: MemoryParams, imbalance: np.ndarray) -
     return dense, moe
 
 
+def _first_chunk_relief(model: ModelSpec, la: LayoutArrays, sh: Shapes) -> np.ndarray:
+    """Layer-micro-batches the first stage does NOT hold when the pipeline split counts the embedding
+    as a layer (Megatron's account_for_embedding/loss_in_pipeline_split, which Megatron-Bridge sets
+    for its large MoE recipes, where L + 2 divides into the pipeline's chunks): its first chunk holds
+    one decoder layer fewer, so each micro-batch in
+    flight on that chunk saves one layer less. Megatron runs pp micro-batches per chunk in turn, so
+    during the warm-up of an interleaved schedule the first chunk sees 2·pp - 1 of them, with 1F1B pp,
+    with GPipe all; busiest-stage layers (shapes.layers) already match ceil((L + 2) / (pp·v))·v."""
+    interleaved = INTERLEAVED_CODES[la.sched] & (sh.v > 1)
+    on_first_chunk = np.where(la.sched == GPIPE, sh.m,
+                              np.minimum(sh.m, np.where(interleaved, 2.0 * sh.pp - 1.0, sh.pp)))
+    splits = np.mod(model.n_layers + 2, sh.pp * sh.v) == 0   # Megatron refuses the flags otherwise
+    return np.where(sh.piped & splits, on_first_chunk, 0.0)
+
+
 def peak_memory(model: ModelSpec, la: LayoutArrays, sh: Shapes, p: MemoryParams, eff: StackEfficiency,
                 fx: Effects = NEUTRAL) -> dict[str, np.ndarray]:
     """GiB per part on the busiest GPU. `total_gib` is what a memory report shows (reserved, the
@@ -59,6 +76,10 @@ def peak_memory(model: ModelSpec, la: LayoutArrays, sh: Shapes, p: MemoryParams,
     inflight_first = np.where(sh.piped, inflight_first, 1.0)
     inflight_last = np.where(sh.piped & (la.sched == GPIPE), sh.m, 1.0)
     saved = L * M * layer_bytes * keep * scale
+    if p.embedding_in_pipeline_split:
+        saved_first = saved * inflight_first - _first_chunk_relief(model, la, sh) * M * layer_bytes * keep * scale
+    else:
+        saved_first = saved * inflight_first
     working = M * layer_bytes * scale                       # one layer in backward / being recomputed
     working = working + np.where(tp > 1, p.tp_gathered * M * model.dim * 2.0, 0.0)  # SP gathers are not /tp
     logits = M * model.vocab_size / tp * p.logits_bytes
@@ -74,7 +95,7 @@ def peak_memory(model: ModelSpec, la: LayoutArrays, sh: Shapes, p: MemoryParams,
                                         + 2.0 * model.vocab_size * model.dim / tp)
         grads = 4.0 * shard + np.where(sh.piped, 2.0 * unsharded, 4.0 * p.prefetch_layers * per_layer_unsharded)
     optim = 8.0 * shard
-    act_first = saved * inflight_first + working + np.where(sh.piped, 0.0, logits)
+    act_first = saved_first + working + np.where(sh.piped, 0.0, logits)
     act_last = saved * inflight_last + working + logits
     acts = np.maximum(act_first, act_last)
     live = params + grads + optim + acts

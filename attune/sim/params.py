@@ -97,6 +97,9 @@ class MemoryParams(BaseModel):
     # over DP, fp32 master weights and Adam moments sharded: 2 + grad_bytes + 12/dp bytes a parameter).
     distributed_optimizer: bool = False
     grad_bytes: float = 4.0
+    # True: the pipeline split counts the embedding and the loss as a layer each (Megatron's
+    # account_for_*_in_pipeline_split), so the first stage's first chunk has one decoder layer fewer.
+    embedding_in_pipeline_split: bool = False
 
 
 class HardwareParams(BaseModel):

@@ -8,7 +8,8 @@ exchange (hidden behind attention where it can be), FSDP gathers / reduce-scatte
 all-reduce (hidden behind compute by prefetch, minus what cannot overlap), PP send/recv and the
 bubble. Overlapped traffic still slows compute a little (contention).
 
-`step_time` returns the parts in seconds per optimizer step; they sum to `step_s`.
+`step_time` returns the parts in seconds per optimizer step; they sum to `step_s`. `<kind>_total_s`
+is the whole time of each kind of collective, the part hidden behind compute included.
 """
 
 from __future__ import annotations
@@ -200,6 +201,12 @@ def step_time(model: ModelSpec, hw: Hardware, la: LayoutArrays, sh: Shapes, eff:
            "cp_s": n_mb * mb_cp, "dp_replicate_s": rep_exposed}
     out["step_s"] = sum(out.values())
     out["microbatch_s"] = mb_crit
+    # what a profiler's trace shows of each kind of collective, hidden behind compute or not
+    zero = np.zeros_like(tp)
+    out.update({"fsdp_total_s": t_fsdp, "tp_total_s": n_mb * (L + 1) * t_tp_layer,
+                "pp_total_s": np.where(sh.piped, t_p2p, 0.0),
+                "ep_total_s": n_mb * (mb_ep + ep_hidden) if model.is_moe else zero,
+                "cp_total_s": np.where(cp > 1, n_mb * L * t_ring, 0.0), "dp_replicate_total_s": t_rep})
     return out
 
 

@@ -76,6 +76,7 @@ def result_at(cols: dict[str, np.ndarray], i: int, hw: Hardware, source: str) ->
     r = lambda key: round(float(cols[key][i]), 6)  # noqa: E731
     breakdown = {k: r(k) for k in TIME_KEYS}
     breakdown["exposed_comm_s"] = {k: r(f"{k}_s") for k in COMM_KEYS}
+    breakdown["comm_total_s"] = {k: r(f"{k}_total_s") for k in COMM_KEYS}
     breakdown["memory_gib"] = {k: round(float(cols[f"mem_{k}"][i]), 3) for k in MEMORY_KEYS}
     breakdown["hbm_gib"] = hw.capacity_gib
     return SimResult(fits=bool(cols["fits"][i]), peak_memory_gib=round(float(cols["mem_total_gib"][i]), 3),

@@ -41,6 +41,7 @@ class TrialResult(BaseModel):
     breakdown (sim stack; torchtitan fills what its logs show), all seconds per optimizer step:
       compute_s, recompute_s, bubble_s, optimizer_s, other_s,
       exposed_comm_s: {fsdp, tp, pp, ep, cp, dp_replicate}  (communication not hidden by compute)
+      comm_total_s: the same kinds, their whole time (hidden or not), as a profiler's trace shows it
       memory_gib: {params, grads, optimizer, activations, other}, hbm_gib (device capacity)
     """
     model_config = ConfigDict(extra="forbid")

@@ -123,7 +123,7 @@ def _scaled(breakdown: dict, factor: float) -> dict:
     for key, value in breakdown.items():
         if key.endswith("_s") and isinstance(value, float):
             out[key] = round(value * factor, 6)
-        elif key == "exposed_comm_s":
+        elif key in ("exposed_comm_s", "comm_total_s"):
             out[key] = {k: round(v * factor, 6) for k, v in value.items()}
         else:
             out[key] = value

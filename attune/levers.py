@@ -82,6 +82,11 @@ def parse_set_flags(items: list[str] | None) -> dict[str, Scalar]:
     return out
 
 
+def layout_key(levers: dict[str, Any]) -> tuple:
+    """The one hashable key of a lever assignment: the same levers, the same key, in any order."""
+    return tuple(sorted(levers.items()))
+
+
 def levers_text(levers: dict[str, Any] | None) -> str:
     """Levers as short text for people: the last part of each key, e.g. "tensor_parallel_degree=2, float8=rowwise"."""
     if not levers:

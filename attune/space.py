@@ -10,7 +10,7 @@ import itertools
 from collections.abc import Iterator
 
 from attune.layout import (AC_MODE, COMPILE, CP, DP_REPLICATE, EP, FLOAT8, LOCAL_BATCH, PP, PP_MICROBATCH,
-                           PP_SCHEDULE, TP, Layout, layout_violations, with_layout)
+                           PP_SCHEDULE, TP, Layout, layout_violations, resolve_layout, with_layout)
 from attune.levers import Scalar, lever
 from attune.recipe import Recipe
 
@@ -63,3 +63,9 @@ def config_for(recipe: Recipe, levers: dict[str, Scalar]) -> dict[str, Scalar]:
     config = dict(recipe.config) | dict(levers)
     config["training.global_batch_size"] = recipe.layout().global_batch
     return config
+
+
+def layout_of(recipe: Recipe, levers: dict[str, Scalar], check: bool = True) -> Layout:
+    """The layout the recipe takes with these lever values (InputError if invalid; with check=False
+    a layout that does not divide is still resolved, for reporting what was measured)."""
+    return resolve_layout(config_for(recipe, levers), recipe.architecture, recipe.cluster, check=check)

@@ -27,12 +27,13 @@ def main() -> None:
                       PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_LOGGING_LEVEL="CRITICAL",
                       PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="120", MPLBACKEND="Agg")
     from attune.campaign.state import CampaignState
+    from attune.campaign.context import CampaignSettings
     from flows.campaign import tune_campaign
 
     recipe = str(REPO / "recipes" / "public" / "llama3_8b.toml")
     started = time.perf_counter()
     # random search spends the budget on many trials: 40 trials of ~2 GPU-h on 64 GPUs
-    result = tune_campaign(recipe, 90.0, planner="random", seed=1, quiet=True, replicates=3)
+    result = tune_campaign(recipe, CampaignSettings(budget_gpu_hours=90.0, planner="random", seed=1, replicates=3), quiet=True)
     total = time.perf_counter() - started
     state = CampaignState.load(next(home.glob(".attune/campaigns/*/state.json")))
     gate_s = float((state.gate or {}).get("seconds", 0.0) or 0.0)
@@ -41,7 +42,7 @@ def main() -> None:
 
     # steady-state overhead: a second campaign in the same process (the API server is up)
     started = time.perf_counter()
-    result2 = tune_campaign(recipe, 90.0, planner="random", seed=2, quiet=True, replicates=3)
+    result2 = tune_campaign(recipe, CampaignSettings(budget_gpu_hours=90.0, planner="random", seed=2, replicates=3), quiet=True)
     total2 = time.perf_counter() - started
     state2 = CampaignState.load(sorted(home.glob(".attune/campaigns/*/state.json"), key=os.path.getmtime)[-1])
     gate2 = float((state2.gate or {}).get("seconds", 0.0) or 0.0)
@@ -52,7 +53,8 @@ def main() -> None:
     # the same with the trials tagged gpu-pool:sim, as trials on a GPU pool are: each tagged task run
     # also asks the server for a concurrency slot
     started = time.perf_counter()
-    result3 = tune_campaign(recipe, 90.0, planner="random", seed=3, quiet=True, replicates=3, gpu_pool="sim")
+    result3 = tune_campaign(recipe, CampaignSettings(budget_gpu_hours=90.0, planner="random", seed=3, replicates=3), quiet=True,
+                            gpu_pool="sim")
     total3 = time.perf_counter() - started
     state3 = CampaignState.load(sorted(home.glob(".attune/campaigns/*/state.json"), key=os.path.getmtime)[-1])
     gate3 = float((state3.gate or {}).get("seconds", 0.0) or 0.0)

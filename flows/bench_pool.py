@@ -87,10 +87,7 @@ def run_cell(cell_json: str) -> dict[str, Any]:
 def _campaign(cell) -> dict[str, Any]:
     from flows.campaign import tune_campaign
 
-    return tune_campaign(cell.path, cell.recipe.budget_gpu_hours, stack="sim", planner=cell.variant.planner,
-                         cluster=cell.cluster, seed=cell.seed, stack_options=cell.stack_options, steps_per_trial=cell.steps_per_trial,
-                         replicates=cell.replicates, disabled_rules=list(cell.variant.disabled_rules),
-                         gate_steps=cell.gate_steps, gate_seed=cell.gate_seed, model_spec=cell.recipe.model_spec,
+    return tune_campaign(cell.path, cell.settings(), cluster=cell.cluster, model_spec=cell.recipe.model_spec,
                          quiet=True)
 
 

@@ -18,7 +18,8 @@ from prefect.utilities.annotations import quote
 
 from attune.campaign import engine, finish
 from attune.campaign.budget import hours_text
-from attune.campaign.engine import BudgetExhausted, Campaign, CampaignSettings
+from attune.campaign.context import Campaign, CampaignSettings
+from attune.campaign.engine import BudgetExhausted, confirm_reserve
 from attune.campaign.gate_runs import gate_reserve
 from attune.campaign.inputs import load_campaign_recipe
 from attune.errors import InputError
@@ -80,19 +81,12 @@ def _llm_artifacts(proposal) -> dict[str, str] | None:
 
 
 @flow(name="tune-campaign")
-def tune_campaign(recipe_path: str, budget_gpu_hours: float, stack: str = "sim", planner: str = "attune",
-                  cluster: str | None = None, seed: int = 0, steps_per_trial: int = 10, replicates: int = 3,
-                  disabled_rules: list[str] | None = None, gate_steps: int | None = None,
-                  gate_seed: int | None = None,
-                  mlflow_uri: str | None = None, out: str | None = None, store: str | None = None,
-                  model_spec: str | None = None, stack_options: dict[str, Any] | None = None,
-                  planner_options: dict[str, Any] | None = None, gpu_pool: str | None = None, quiet: bool = False):
+def tune_campaign(recipe_path: str, settings: CampaignSettings, cluster: str | None = None,
+                  model_spec: str | None = None, mlflow_uri: str | None = None, out: str | None = None,
+                  store: str | None = None, gpu_pool: str | None = None, quiet: bool = False):
+    """`settings` is what the campaign is asked (attune.campaign.context.CampaignSettings; a deployment
+    passes it as a dict); the rest says where it reads and writes."""
     recipe = load_campaign_recipe(recipe_path, cluster, model_spec)
-    settings = CampaignSettings(budget_gpu_hours=budget_gpu_hours, stack=stack, planner=planner, seed=seed,
-                                steps_per_trial=steps_per_trial, replicates=replicates,
-                                disabled_rules=tuple(disabled_rules or ()), gate_steps=gate_steps,
-                                gate_seed=gate_seed,
-                                stack_options=dict(stack_options or {}), planner_options=dict(planner_options or {}))
     c = engine.open_campaign(recipe, settings)
     c.quiet, c.gpu_pool = quiet, gpu_pool
     c.say = lambda text: _progress(c, text)
@@ -127,7 +121,7 @@ def tune_campaign(recipe_path: str, budget_gpu_hours: float, stack: str = "sim",
         proposal = plan_next(quote(c))
         if proposal is None:
             break
-        if _measure(c, tracker, "trial", proposal.levers, proposal, reserve=c.confirm_reserve(proposal.levers)) is None:
+        if _measure(c, tracker, "trial", proposal.levers, proposal, reserve=confirm_reserve(c, proposal.levers)) is None:
             break
     c.state.phase = "confirm" if c.state.phase == "search" else c.state.phase
     c.save()
@@ -169,7 +163,8 @@ def run_campaign_for_seed(recipe_path: str, cluster: str, budget: float, seed: i
     """
     from attune.store import open_store
 
-    result = tune_campaign(recipe_path, budget, cluster=cluster, seed=seed, quiet=True)
+    result = tune_campaign(recipe_path, CampaignSettings.of(budget_gpu_hours=budget, seed=seed), cluster=cluster,
+                           quiet=True)
     if not result["shipped"]:
         return None
     recipe = load_campaign_recipe(recipe_path, cluster)

@@ -28,6 +28,7 @@ from attune.recipe import write_recipe
 from attune.store import open_store
 from attune.store.entry import now_iso
 from attune.campaign.inputs import load_campaign_recipe
+from attune.campaign.context import CampaignSettings
 from flows.campaign import tune_campaign
 from tasks.nightly import detect_stack, nightly_summary, regression_report, remeasure_shipped, track_night
 
@@ -141,12 +142,13 @@ def _campaign(r: RegisteredRecipe, base, workdir: Path, night: str, budget: floa
     if budget <= 0:
         return None, f"the re-measure spent the nightly budget ({r.budget_gpu_hours:g} GPU-hours); no campaign"
     path = write_recipe(base, workdir / "recipe.toml")
+    settings = CampaignSettings.of(budget_gpu_hours=budget, stack=r.stack, planner=r.planner,
+                                   seed=night_seed(r.seed, night), steps_per_trial=r.steps_per_trial,
+                                   replicates=r.replicates, gate_steps=r.gate_steps, stack_options=dict(r.stack_options),
+                                   planner_options=dict(r.planner_options))
     state = tune_campaign.with_options(flow_run_name=f"{r.name}-{night}")(
-        recipe_path=str(path), budget_gpu_hours=budget, stack=r.stack, planner=r.planner,
-        seed=night_seed(r.seed, night), steps_per_trial=r.steps_per_trial, replicates=r.replicates,
-        gate_steps=r.gate_steps, mlflow_uri=mlflow_uri, store=store_uri,
-        stack_options=dict(r.stack_options), planner_options=dict(r.planner_options), gpu_pool=r.pool, quiet=True,
-        return_state=True)
+        recipe_path=str(path), settings=settings, mlflow_uri=mlflow_uri, store=store_uri, gpu_pool=r.pool,
+        quiet=True, return_state=True)
     if not state.is_completed():
         return None, f"campaign ended {state.name}: {state.message or ''}".strip()
     return state.result(), None

@@ -12,7 +12,7 @@ import math
 
 from attune.layout import GLOBAL_BATCH, SEQ_LEN
 from attune.recipe import Recipe
-from gate import defects
+import gate.defects as defects
 from gate.fields import classify, effective, is_unset
 from gate.models import ConfigVerdict, NumericsChange, Violation
 

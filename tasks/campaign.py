@@ -11,7 +11,8 @@ from prefect.cache_policies import NO_CACHE
 from prefect.utilities.annotations import quote
 
 from attune.campaign import engine, finish, gate_runs
-from attune.campaign.engine import RETRYABLE, Campaign
+from attune.campaign.context import Campaign
+from attune.campaign.engine import RETRYABLE
 from attune.campaign.report import report_markdown
 from attune.stacks.base import TrialResult
 

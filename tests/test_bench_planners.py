@@ -10,7 +10,8 @@ from conftest import REPO
 
 from attune.bench.trajectory import incumbent_trajectory
 from attune.campaign import engine
-from attune.campaign.engine import BudgetExhausted, CampaignSettings
+from attune.campaign.context import CampaignSettings
+from attune.campaign.engine import BudgetExhausted
 from attune.planners.registry import make_planner
 from attune.campaign.inputs import load_campaign_recipe
 
@@ -26,7 +27,7 @@ def _search(tmp_path: Path, planner: str, budget: float = 20.0, seed: int = 0):
         engine.record_trial(c, "baseline", base, engine.execute_attempt(c, "baseline", base))
     while (proposal := engine.next_proposal(c)) is not None:
         try:
-            result = engine.execute_attempt(c, "trial", proposal.levers, c.confirm_reserve(proposal.levers))
+            result = engine.execute_attempt(c, "trial", proposal.levers, engine.confirm_reserve(c, proposal.levers))
         except BudgetExhausted:
             break
         engine.record_trial(c, "trial", proposal.levers, result, proposal)

@@ -9,7 +9,8 @@ from conftest import RECIPE_8B_H100
 
 from attune.bench.trajectory import GateJudge, incumbent_trajectory, shipped_trajectory
 from attune.campaign import finish
-from attune.campaign.engine import CampaignSettings, fall_back, open_campaign, record_trial
+from attune.campaign.context import CampaignSettings
+from attune.campaign.engine import fall_back, open_campaign, record_trial
 from attune.recipe import load_recipe
 from attune.stacks.base import TrialResult, TrialStatus
 

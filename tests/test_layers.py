@@ -87,3 +87,82 @@ def test_every_package_has_a_layer_and_the_readme_names_it():
             package = module_name(init)
             assert layer_of(package) is not None, package
             assert f"`{package.replace('.', '/')}/`" in readme, f"the README's layout table does not name {package}"
+
+
+def import_graph(root: Path = REPO) -> dict[str, set[str]]:
+    """Module -> the project modules it imports, at module level or inside a function (a package
+    import counts as one of the package's __init__; `from p import m` of a submodule as one of m)."""
+    modules = {module_name(path): path for folder in SCANNED for path in (root / folder).rglob("*.py")}
+
+    def resolve(name: str) -> str | None:
+        parts = name.split(".")
+        for end in range(len(parts), 0, -1):
+            if ".".join(parts[:end]) in modules:
+                return ".".join(parts[:end])
+        return None
+
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                subs = [f"{node.module}.{alias.name}" for alias in node.names]
+                targets = [s for s in subs if s in modules] or [node.module]
+            for target in filter(None, map(resolve, targets)):
+                if target != name:
+                    graph[name].add(target)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_import_cycle_remains():
+    assert cycles(import_graph()) == []
+
+
+def test_the_cycle_scan_sees_a_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []

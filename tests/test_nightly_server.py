@@ -109,8 +109,9 @@ def test_campaign_through_the_worker_waits_for_the_gpu_pool_then_ships(stack, tm
     recipe = write(tmp_path / "a100.toml", RECIPE.format(name="camp-a100", accel="a100", gpus=8, torch="2.13.0"))
     lease = hold_slot(stack.server, "tag:gpu-pool:sim")
     # gate_steps 20: half the gate's default proxy steps, still enough for it to pass this candidate
-    run = stack.run("tune-campaign/sim", {"recipe_path": str(recipe), "budget_gpu_hours": 12, "replicates": 2,
-                                          "steps_per_trial": 5, "gate_steps": 20, "gpu_pool": "sim"})
+    run = stack.run("tune-campaign/sim", {"recipe_path": str(recipe), "gpu_pool": "sim",
+                                          "settings": {"budget_gpu_hours": 12, "replicates": 2, "steps_per_trial": 5,
+                                                       "gate_steps": 20}})
     first = wait_for(lambda: trial_runs(stack.server, run), stack, "the campaign's first trial task")
     time.sleep(3)  # it is waiting for the slot, not merely slow
     assert all(t["start_time"] is None for t in trial_runs(stack.server, run)), "a trial ran while the pool was full"

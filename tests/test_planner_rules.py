@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import RECIPE_8B_H100
 
-from attune.campaign.engine import CampaignSettings, open_campaign, record_trial
+from attune.campaign.context import CampaignSettings
+from attune.campaign.engine import open_campaign, record_trial
 from attune.planners.base import Observation, PlannerView
 from attune.planners.lesson_guided import LessonGuidedPlanner
 from attune.recipe import load_recipe

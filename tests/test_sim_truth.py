@@ -96,14 +96,13 @@ def test_truth_can_run_out_of_memory_where_the_estimator_says_it_fits_or_the_rev
 
 def test_the_pipeline_schedule_is_inert_without_a_pipeline():
     """At pp = 1 no schedule runs, so no schedule quirk (e.g. weak compile gains) may touch the step."""
-    from attune.layout import resolve_layout
-    from attune.space import config_for
+    from attune.space import layout_of
 
     recipe = _recipe("deepseek-v3-16b", "h100", 64, training__global_batch_size=256, compile__enable=True)
     steps = set()
     for schedule in ("1F1B", "Interleaved1F1B", "GPipe"):
         levers = recipe.layout().levers() | {"parallelism.pipeline_parallel_schedule": schedule}
-        layout = resolve_layout(config_for(recipe, levers), recipe.architecture, recipe.cluster)
+        layout = layout_of(recipe, levers)
         steps.add(round(measure(recipe, layout).step_time_s, 9))
     assert len(steps) == 1
 

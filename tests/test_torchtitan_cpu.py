@@ -77,7 +77,8 @@ def test_gate_on_real_torchtitan_curves(tmp_path, cli):
 
 
 def test_the_gate_reserve_pays_for_real_runs_only_on_torchtitan(tmp_path):
-    from attune.campaign.engine import CampaignSettings, open_campaign
+    from attune.campaign.context import CampaignSettings
+    from attune.campaign.engine import confirm_reserve, open_campaign
     from attune.campaign.gate_runs import gate_reserve, gate_trainer
     from gate.torchtitan_runs import plan_runs
     sim = open_campaign(load_recipe(REPO / "recipes/public/llama3_8b.toml"),
@@ -93,7 +94,7 @@ def test_the_gate_reserve_pays_for_real_runs_only_on_torchtitan(tmp_path):
     assert gate_trainer(real) == "torchtitan"
     assert gate_reserve(real, levers) == pytest.approx(len(runs) * one_run, rel=0.2)
     # a search trial must leave its confirmation replicate and its gate
-    assert real.confirm_reserve(levers) == pytest.approx(real.estimated_cost(levers) + gate_reserve(real, levers))
+    assert confirm_reserve(real, levers) == pytest.approx(real.estimated_cost(levers) + gate_reserve(real, levers))
 
 
 @needs_torchtitan

@@ -73,9 +73,14 @@ class BenchCell(BaseModel):
     def cluster(self) -> str | None:
         return None if self.tuned_path else self.recipe.cluster
 
-    @property
-    def stack_options(self) -> dict:
-        return {"cluster_seed": self.cluster_seed, "world": self.world}
+    def settings(self):
+        """What the cell's campaign is asked (on the sim stack, on its own simulated cluster)."""
+        from attune.campaign.context import CampaignSettings
+        return CampaignSettings.of(budget_gpu_hours=self.recipe.budget_gpu_hours, stack="sim",
+                                   planner=self.variant.planner, seed=self.seed, steps_per_trial=self.steps_per_trial,
+                                   replicates=self.replicates, disabled_rules=self.variant.disabled_rules,
+                                   gate_steps=self.gate_steps, gate_seed=self.gate_seed,
+                                   stack_options={"cluster_seed": self.cluster_seed, "world": self.world})
 
 
 def oracle_key(label: str, cluster_seed: int) -> str:

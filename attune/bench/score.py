@@ -15,15 +15,16 @@ def score_campaign(cell, result: dict[str, Any]) -> dict[str, Any]:
     from attune.bench.truth import truth_tps
     from attune.campaign.state import CampaignState
     from attune.campaign.inputs import load_campaign_recipe
+    from attune.levers import layout_key
 
     recipe = load_campaign_recipe(cell.path, cell.cluster, cell.recipe.model_spec)
     state = CampaignState.load(Path(result["campaign_dir"]) / "state.json")
     baseline_levers = recipe.layout().levers()
     shipped_levers = result["best"]["levers"] if result["shipped"] else baseline_levers
-    cache: dict[str, float] = {}
+    cache: dict[tuple, float] = {}
 
     def tps(levers: dict) -> float:
-        key = repr(sorted(levers.items()))
+        key = layout_key(levers)
         if key not in cache:
             cache[key] = truth_tps(recipe, levers, cell.cluster_seed, cell.world)
         return cache[key]

@@ -16,7 +16,8 @@ from typing import Any
 
 from attune.campaign.engine import beats_incumbent, best_exact
 from attune.campaign.state import CampaignState
-from attune.planners.gate_rules import GateRules, layout_key
+from attune.levers import layout_key
+from attune.planners.gate_rules import GateRules
 from attune.recipe import Recipe
 
 

@@ -12,17 +12,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from attune.layout import resolve_layout
 from attune.recipe import Recipe
 from attune.sim.worlds import DEFAULT_WORLD
-from attune.space import config_for
+from attune.space import config_for, layout_of
 
 
 def truth_tps(recipe: Recipe, levers: dict[str, Any], cluster_seed: int, world: str = DEFAULT_WORLD) -> float:
     """Noise-free ground-truth tokens/s/GPU of the recipe under these levers (0 if it does not fit)."""
     from attune.sim.oracle import truth_tps as oracle_truth_tps
 
-    layout = resolve_layout(config_for(recipe, levers), recipe.architecture, recipe.cluster)
+    layout = layout_of(recipe, levers)
     return oracle_truth_tps(recipe, layout, cluster_seed, world)
 
 

@@ -7,117 +7,45 @@
 
 from __future__ import annotations
 
-import math
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attune.campaign.budget import Budget, gpu_hours
+from attune.campaign.budget import Budget
+from attune.campaign.context import Campaign, CampaignSettings
 from attune.campaign.diagnosis import diagnose
+from attune.campaign.gate_runs import gate_reserve, probe_layout
 from attune.campaign.noise import MIN_RELATIVE_SD, clears_band, gain_is_real, relative_sd, search_band
 from attune.campaign.state import CampaignState, PendingTrial, Role, TrialRecord, campaign_id
 from attune.campaign.tier import gate_verdict
 from attune.errors import InputError
 from attune.files import attune_home
+from attune.levers import layout_key
 from attune.planners.base import Observation, PlannerView, Proposal
 from attune.planners.registry import make_planner
 from attune.recipe import Recipe, dump_recipe
-from attune.space import config_for, lever_domains
+from attune.space import lever_domains
 from attune.stacks.base import TrialResult, TrialStatus
 from attune.stacks.registry import make_stack
 
 RETRYABLE = (TrialStatus.CRASH, TrialStatus.NCCL_ERROR, TrialStatus.TIMEOUT)
-MEASURE_TARGET_S = 120.0   # measured seconds a trial aims for, when its steps are slow
-MIN_STEPS = 3
+
+__all__ = ["Campaign", "CampaignSettings", "BudgetExhausted", "open_campaign"]
 
 
 class BudgetExhausted(Exception):
     pass
 
 
-@dataclass(frozen=True)
-class CampaignSettings:
-    budget_gpu_hours: float
-    stack: str = "sim"
-    planner: str = "attune"
-    seed: int = 0
-    steps_per_trial: int = 10
-    replicates: int = 3
-    max_trials: int = 80
-    disabled_rules: tuple[str, ...] = ()
-    gate_steps: int | None = None
-    gate_seed: int | None = None            # the gate's proxy seed (None: the campaign's seed)
-    stack_options: dict[str, Any] = field(default_factory=dict)
-    planner_options: dict[str, Any] = field(default_factory=dict)
-
-    def identity(self) -> dict[str, Any]:
-        """What makes two runs the same campaign (a re-run with these resumes)."""
-        return {"budget": self.budget_gpu_hours, "stack": self.stack, "planner": self.planner, "seed": self.seed,
-                "steps": self.steps_per_trial, "replicates": self.replicates, "disabled": sorted(self.disabled_rules),
-                "stack_options": self.stack_options,
-                **({"gate_seed": self.gate_seed} if self.gate_seed is not None else {})}
-
-
-@dataclass
-class Campaign:
-    recipe: Recipe
-    settings: CampaignSettings
-    state: CampaignState
-    directory: Path
-    stack: Any
-    planner: Any
-    attempts: int = 0                       # attempts of the trial in flight (retries included)
-    quiet: bool = False                     # no progress lines
-    say: Any = None                         # callable(text): a progress line (the flow sets it)
-    gpu_pool: str | None = None             # tag of the trial tasks: gpu-pool:<name> (concurrency limits)
-    _costs: dict[tuple, float] = field(default_factory=dict, repr=False)
-
-    @property
-    def state_path(self) -> Path:
-        return self.directory / "state.json"
-
-    def save(self) -> None:
-        self.state.save(self.state_path)
-
-    # --- costs -------------------------------------------------------------------------------
-    def trial_recipe(self, levers: dict[str, Any], role: Role = "trial") -> Recipe:
-        return self.recipe.with_config(config_for(self.recipe, levers), name=f"{self.recipe.name}-{role}")
-
-    def trial_steps(self, levers: dict[str, Any]) -> int:
-        """Measured steps of one trial: steps_per_trial, fewer when steps are so slow that
-        MEASURE_TARGET_S is covered sooner (at least MIN_STEPS). A 2-minute step measures as well
-        over 3 steps as over 10, and a budget of 40 GPU-hours per 64 GPUs could not pay for more."""
-        from attune.planners.estimates import predict  # the public estimator: never the ground truth
-        try:
-            step_s = predict(self.recipe, self.trial_recipe(levers).layout()).step_time_s
-        except Exception:  # noqa: BLE001 - no estimate: measure the configured number of steps
-            return self.settings.steps_per_trial
-        wanted = math.ceil(MEASURE_TARGET_S / max(step_s, 1e-6))
-        return max(min(MIN_STEPS, self.settings.steps_per_trial), min(self.settings.steps_per_trial, wanted))
-
-    def estimated_cost(self, levers: dict[str, Any]) -> float:
-        """GPU-hours one trial of these levers is expected to cost (memoised: planners that sample
-        ask about the same layouts many times, and the estimate depends on the levers alone)."""
-        key = tuple(sorted(levers.items()))
-        if key not in self._costs:
-            wall = self.stack.estimate_wall_time_s(self.trial_recipe(levers), self.trial_steps(levers))
-            self._costs[key] = gpu_hours(self.recipe.cluster.gpus, wall)
-        return self._costs[key]
-
-    def confirm_reserve(self, levers: dict[str, Any]) -> float:
-        """What a search trial of these levers must leave: its confirmation replicates and its gate."""
-        from attune.campaign.gate_runs import gate_reserve
-        return (self.settings.replicates - 1) * self.estimated_cost(levers) + gate_reserve(self, levers)
+def confirm_reserve(c: Campaign, levers: dict[str, Any]) -> float:
+    """What a search trial of these levers must leave: its confirmation replicates and its gate."""
+    return (c.settings.replicates - 1) * c.estimated_cost(levers) + gate_reserve(c, levers)
 
 
 def open_campaign(recipe: Recipe, settings: CampaignSettings, home: Path | None = None) -> Campaign:
-    """Validate the request, then resume the campaign with the same identity or start a new one."""
-    if settings.budget_gpu_hours <= 0:
-        raise InputError("--budget-gpu-hours", f"must be > 0, got {settings.budget_gpu_hours}")
-    if settings.replicates < 1 or settings.steps_per_trial < 1:
-        raise InputError("--replicates/--steps", "must be >= 1")
+    """Resume the campaign with the same identity or start a new one (the settings validated themselves;
+    what needs the stack, a budget that pays for one baseline run, is checked here)."""
     stack = make_stack(settings.stack, **settings.stack_options)
     planner = make_planner(settings.planner, seed=settings.seed, disabled_rules=frozenset(settings.disabled_rules),
                            **settings.planner_options)
@@ -138,9 +66,8 @@ def open_campaign(recipe: Recipe, settings: CampaignSettings, home: Path | None 
             state.lost_gpu_hours += state.pending.estimated_gpu_hours
             state.pending = None
     else:
-        state = CampaignState(campaign_id=cid, recipe_toml=toml, stack=settings.stack, planner=settings.planner,
-                              seed=settings.seed, steps_per_trial=settings.steps_per_trial,
-                              replicates=settings.replicates, budget=Budget(total_gpu_hours=settings.budget_gpu_hours))
+        state = CampaignState(campaign_id=cid, recipe_toml=toml, settings=settings.model_dump(mode="json"),
+                              budget=Budget(total_gpu_hours=settings.budget_gpu_hours))
     campaign = Campaign(recipe, settings, state, directory, stack, planner)
     campaign.save()
     return campaign
@@ -234,8 +161,6 @@ def planner_view(c: Campaign, gate_probe: Callable[[dict[str, Any]], bool] | Non
     (its replicates and, on torchtitan, its gate's runs), and `gate_probe`, the gate asked about a
     layout before it is measured (by default gate_runs.probe_layout; the flow passes its own
     Prefect task)."""
-    from attune.campaign.gate_runs import gate_reserve, probe_layout
-
     incumbent = c.state.incumbent_record
     history = [Observation(levers=t.levers, result=t.result, diagnosis=[s.id for s in t.diagnosis], move=t.move)
                for t in c.state.trials]
@@ -298,7 +223,7 @@ def best_exact(trials: list[TrialRecord], recipe: Recipe, rel_sd: float | None) 
     means: dict[tuple, list[float]] = {}
     for t in trials:
         if t.result.ok and t.levers != baseline:
-            means.setdefault(tuple(sorted(t.levers.items())), []).append(t.tps)
+            means.setdefault(layout_key(t.levers), []).append(t.tps)
     for key in sorted(means, key=lambda k: -sum(means[k]) / len(means[k])):
         levers = dict(key)
         passes, numerics = gate_verdict(recipe, levers)

@@ -6,7 +6,8 @@ import datetime as dt
 from pathlib import Path
 from typing import Any
 
-from attune.campaign.engine import Campaign, mean_tps
+from attune.campaign.context import Campaign
+from attune.campaign.engine import mean_tps
 from attune.campaign.gate_runs import gate_report
 from attune.campaign.payback import payback_hours
 from attune.recipe import Recipe, write_recipe
@@ -92,7 +93,8 @@ def campaign_result(c: Campaign) -> dict[str, Any]:
     gain = best["tokens_per_sec_per_gpu"] / base["tokens_per_sec_per_gpu"] - 1 if base["tokens_per_sec_per_gpu"] else 0.0
     result = {
         "campaign_id": s.campaign_id, "recipe": c.recipe.name, "model": c.recipe.model_name,
-        "cluster": c.recipe.cluster.label, "stack": s.stack, "planner": s.planner, "simulated": s.stack == "sim",
+        "cluster": c.recipe.cluster.label, "stack": c.settings.stack, "planner": c.settings.planner,
+        "simulated": c.settings.stack == "sim",
         "baseline": base, "best": best, "gain": gain, "noise_band": s.noise_band,
         "gpu_hours_used": s.budget.spent_gpu_hours, "budget_gpu_hours": s.budget.total_gpu_hours,
         "gate_gpu_hours": s.gate_gpu_hours, "trials": len(s.trials), "stop_reason": final_message(c),
@@ -120,7 +122,7 @@ def lesson_outcomes(c: Campaign) -> list[Evidence]:
         parent_tps = mean_tps(c, c.state.trials[t.parent].levers)
         gain = (t.tps / parent_tps - 1) if (t.result.ok and parent_tps) else None
         rows.append(Evidence(lesson=t.lesson_id, campaign=c.state.campaign_id, model=c.recipe.model_name,
-                             cluster=c.recipe.cluster.label, stack=c.state.stack, gain=gain,
+                             cluster=c.recipe.cluster.label, stack=c.settings.stack, gain=gain,
                              won=t.index == c.state.incumbent, at=now))
     return rows
 
@@ -150,9 +152,9 @@ def publish_to_store(c: Campaign, store_uri: str | None) -> bool:
         cost_per_million_tokens=cost_per_million_tokens(cluster.accelerator, cluster.gpus,
                                                         best["tokens_per_sec_per_gpu"], cluster.price),
         gate_passed=bool((c.state.gate or {}).get("passed")), gate_report=c.state.gate or {},
-        mlflow_run_id=c.state.mlflow_run_id or "", simulated=c.state.stack == "sim",
+        mlflow_run_id=c.state.mlflow_run_id or "", simulated=c.settings.stack == "sim",
         measured_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         campaign={"campaign_id": c.state.campaign_id, "gain": result["gain"],
-                  "gpu_hours_used": result["gpu_hours_used"], "planner": c.state.planner})
+                  "gpu_hours_used": result["gpu_hours_used"], "planner": c.settings.planner})
     kept, _current = open_store(store_uri).put(entry)
     return kept

@@ -23,16 +23,14 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from attune.campaign.budget import gpu_hours
+from attune.campaign.context import Campaign
 from attune.files import atomic_write_text, attune_home
 from attune.levers import levers_text
 from attune.recipe import Recipe
 from attune.space import config_for
-
-if TYPE_CHECKING:
-    from attune.campaign.engine import Campaign
 
 
 def gate_report(c: Campaign, candidate: Recipe, workdir: Path, trainer: str | None = None) -> dict[str, Any]:

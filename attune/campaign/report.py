@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from attune.campaign.budget import hours_text
-from attune.campaign.engine import Campaign
+from attune.campaign.context import Campaign
 from attune.levers import levers_text
 
 

@@ -51,11 +51,7 @@ class PendingTrial(BaseModel):
 class CampaignState(BaseModel):
     campaign_id: str
     recipe_toml: str
-    stack: str
-    planner: str
-    seed: int
-    steps_per_trial: int
-    replicates: int
+    settings: dict[str, Any]                # what it was asked (attune.campaign.context.CampaignSettings)
     budget: Budget
     trials: list[TrialRecord] = []
     phase: Phase = "baseline"

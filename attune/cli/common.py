@@ -26,6 +26,43 @@ def add_recipe_arguments(parser: argparse.ArgumentParser, with_set: bool = True)
     parser.add_argument("--json", action="store_true", help="print JSON")
 
 
+def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
+    """A flag for every campaign setting that has one, from the settings model itself
+    (attune.campaign.context.CampaignSettings: its flag, type, default and description)."""
+    from attune.campaign.context import CampaignSettings
+
+    for name, info in CampaignSettings.model_fields.items():
+        extra = dict(info.json_schema_extra or {})
+        flag = extra.pop("flag", None)
+        if flag is None:
+            continue
+        kwargs: dict[str, Any] = {"dest": name, "help": info.description, **extra}
+        if kwargs.get("metavar") is None:
+            kwargs.pop("metavar", None)
+        if kwargs.pop("append", False):
+            kwargs |= {"action": "append", "default": []}
+        else:
+            kinds = [t for t in (getattr(info.annotation, "__args__", None) or (info.annotation,)) if t is not type(None)]
+            kwargs["type"] = kinds[0]
+            if kinds[0] is int:
+                kwargs.setdefault("metavar", "N")
+            if info.is_required():
+                kwargs["required"] = True
+            else:
+                kwargs["default"] = info.default
+        parser.add_argument(flag, **kwargs)
+
+
+def settings_from_args(args: argparse.Namespace, **extra: Any):
+    """The campaign's settings from the flags add_settings_arguments added (plus `extra` that other
+    flags decide), or an InputError naming the flag of the first bad one."""
+    from attune.campaign.context import CampaignSettings
+
+    values = {name: getattr(args, name) for name, info in CampaignSettings.model_fields.items()
+              if (info.json_schema_extra or {}).get("flag") and hasattr(args, name)}
+    return CampaignSettings.of(**values, **extra)
+
+
 def add_sim_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     """--cluster-seed and --world: which simulated cluster (attune/sim/worlds.py)."""
     parser.add_argument("--cluster-seed", type=int, default=0,

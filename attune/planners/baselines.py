@@ -31,14 +31,15 @@ from typing import Any
 
 from attune.errors import InputError
 from attune.layout import (AC_MODE, COMPILE, CP, DP_REPLICATE, DP_SHARD, EP, FLOAT8, LOCAL_BATCH, PP, PP_MICROBATCH,
-                           PP_SCHEDULE, TP, Layout, resolve_layout)
+                           PP_SCHEDULE, TP, Layout)
 from attune.levers import Scalar
 from attune.planners.base import PlannerView, Proposal
 from attune.planners.estimates import MEMORY_HEADROOM
-from attune.planners.gate_rules import GateRules, layout_key
+from attune.levers import layout_key
+from attune.planners.gate_rules import GateRules
 from attune.planners.registry import register_planner
 from attune.recipe import Recipe
-from attune.space import config_for
+from attune.space import layout_of
 
 SEARCHED = (TP, PP, CP, EP, DP_REPLICATE, LOCAL_BATCH, PP_SCHEDULE, PP_MICROBATCH, AC_MODE, COMPILE, FLOAT8)
 
@@ -47,7 +48,7 @@ def _resolve(recipe: Recipe, assignment: dict[str, Scalar]) -> Layout | None:
     """The layout of a full lever assignment (dp_shard takes the rest), or None if invalid."""
     levers = {k: v for k, v in assignment.items() if k != DP_SHARD} | {DP_SHARD: -1}
     try:
-        return resolve_layout(config_for(recipe, levers), recipe.architecture, recipe.cluster)
+        return layout_of(recipe, levers)
     except InputError:
         return None
 

@@ -194,13 +194,12 @@ class ClusterFit:
 
 def fit_from_history(recipe: Recipe, history) -> ClusterFit:
     """The fit of a planner's history (attune.planners.base.Observation)."""
-    from attune.layout import resolve_layout
-    from attune.space import config_for
+    from attune.space import layout_of
 
     pairs: list[tuple[Layout, object]] = []
     for obs in history:
         if obs.result.ok or obs.result.status.value == "oom":
-            layout = resolve_layout(config_for(recipe, obs.levers), recipe.architecture, recipe.cluster, check=False)
+            layout = layout_of(recipe, obs.levers, check=False)
             pairs.append((layout, obs.result))
     return ClusterFit.from_trials(recipe, pairs)
 
@@ -219,13 +218,12 @@ class ClusterModel:
     _seen: int = 0
 
     def update(self, recipe: Recipe, history) -> None:
-        from attune.layout import resolve_layout
-        from attune.space import config_for
+        from attune.space import layout_of
 
         for i in range(self._seen, len(history)):
             obs = history[i]
             if i > 0 and obs.result.ok and all(o.levers != obs.levers for o in history[:i]):
-                layout = resolve_layout(config_for(recipe, obs.levers), recipe.architecture, recipe.cluster)
+                layout = layout_of(recipe, obs.levers)
                 predicted = self.fit.predict(recipe, layout).tokens_per_sec_per_gpu
                 self.misses.append(predicted / obs.result.tokens_per_sec_per_gpu - 1.0)
             if self.fitted:

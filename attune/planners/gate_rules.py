@@ -15,15 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from attune.campaign.tier import gate_verdict
-from attune.levers import Scalar
+from attune.levers import Scalar, layout_key
 from attune.recipe import Recipe
 
 PROBE_LIMIT = 4   # gate runs on the proxy a campaign spends on numerics-tier candidates (seconds to a minute
                   # of CPU each; one refused float8 trial costs a GPU trial and a fall back)
-
-
-def layout_key(levers: dict[str, Scalar]) -> tuple:
-    return tuple(sorted(levers.items()))
 
 
 @dataclass

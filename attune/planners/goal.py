@@ -16,14 +16,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from attune.campaign.budget import hours_text
-from attune.layout import FLOAT8, Layout, resolve_layout
+from attune.layout import FLOAT8, Layout
 from attune.levers import Scalar
 from attune.planners.base import PlannerView, Proposal
 from attune.planners.cluster_fit import ClusterFit
 from attune.planners.estimates import MEMORY_HEADROOM
 from attune.planners.gate_rules import GateRules
 from attune.recipe import Recipe
-from attune.space import config_for
+from attune.space import layout_of
 
 GOAL_WEIGHT = 0.5      # share of the goal's remaining predicted gain credited per lever brought in line
 GOAL_SCAN = 20_000     # model-ranked layouts scanned for the goal (the gate rules decide the first)
@@ -32,7 +32,7 @@ GOAL_CHECKS = 500      # config checks spent on it at most (about 10 ms each)
 
 def predicted_gain(fit: ClusterFit, recipe: Recipe, incumbent: Layout, levers: dict[str, Scalar]) -> float:
     """The model's relative gain of these levers over the incumbent."""
-    there = fit.predict(recipe, resolve_layout(config_for(recipe, levers), recipe.architecture, recipe.cluster))
+    there = fit.predict(recipe, layout_of(recipe, levers))
     return there.tokens_per_sec_per_gpu / fit.predict(recipe, incumbent).tokens_per_sec_per_gpu - 1
 
 

@@ -62,11 +62,12 @@ from attune.errors import InputError
 from attune.layout import AC_MODE, LOCAL_BATCH, PP_MICROBATCH, PP_SCHEDULE, Layout, apply_levers, resolve_layout
 from attune.levers import Scalar
 from attune.campaign.budget import hours_text
-from attune.planners.gate_rules import GateRules, layout_key
+from attune.levers import layout_key
+from attune.planners.gate_rules import GateRules
 from attune.planners.base import Observation, PlannerView, Proposal
 from attune.planners.cluster_fit import ClusterModel
 from attune.planners.goal import Goal, predicted_gain
-from attune.space import config_for
+from attune.space import config_for, layout_of
 from lessons.catalog import Lesson, load_lessons, match
 
 RULES = ("cluster-fit", "explore", "regoal", "oom-recompute", "estimator-fit", "no-repeat", "cheaper-ties", "lessons", "gate-safe", "gate-probe",
@@ -133,7 +134,7 @@ class LessonGuidedPlanner:
             if again is not None:
                 return again
         self.gate.probe = view.gate_probe if "gate-probe" not in self.disabled else None
-        incumbent = resolve_layout(config_for(recipe, view.incumbent), recipe.architecture, recipe.cluster)
+        incumbent = layout_of(recipe, view.incumbent)
         floor = self.min_gain if self.min_gain is not None else view.noise_band / 2
         if "goal-first" not in self.disabled and all(obs.levers == tried[0] for obs in view.history):
             first = self.goal.first(view, self.fit, incumbent, floor)
@@ -213,7 +214,7 @@ class LessonGuidedPlanner:
         if last.result.status.value != "oom":
             return None
         recipe = view.recipe
-        layout = resolve_layout(config_for(recipe, last.levers), recipe.architecture, recipe.cluster, check=False)
+        layout = layout_of(recipe, last.levers, check=False)
         order = ["none", "selective", "full"]
         if layout.ac_mode == "full":
             return None
@@ -236,7 +237,7 @@ class LessonGuidedPlanner:
             return None
         measured = last.result.tokens_per_sec_per_gpu / view.incumbent_tps - 1
         recipe = view.recipe
-        here = resolve_layout(config_for(recipe, view.incumbent), recipe.architecture, recipe.cluster)
+        here = layout_of(recipe, view.incumbent)
         expected = predicted_gain(self.fit, recipe, here, last.levers)
         if measured <= 0 or expected < view.noise_band:
             return None

@@ -26,7 +26,7 @@ from attune.planners.base import PlannerView, Proposal
 from attune.planners.lesson_guided import LessonGuidedPlanner
 from attune.planners.registry import register_planner
 from attune.recipe import dump_recipe
-from attune.space import config_for
+from attune.space import config_for, layout_of
 from lessons.catalog import match
 
 SYSTEM = ("You tune distributed LLM training recipes for throughput. Propose exactly ONE lever change "
@@ -136,7 +136,7 @@ class LlmPlanner:
                     "status": obs.result.status.value, "tokens_per_sec_per_gpu": obs.result.tokens_per_sec_per_gpu,
                     "mfu": obs.result.mfu, "peak_memory_gib": obs.result.peak_memory_gib,
                     "diagnosis": obs.diagnosis} for obs in view.history]
-        incumbent = resolve_layout(config_for(recipe, view.incumbent), recipe.architecture, recipe.cluster)
+        incumbent = layout_of(recipe, view.incumbent)
         symptoms = {s for obs in view.history if obs.levers == view.incumbent for s in obs.diagnosis}
         lessons = [{"id": ls.id, "title": ls.title, "try": ls.try_.model_dump(), "prior_gain": round(ls.prior, 3)}
                    for ls in match(self.fallback.lessons, symptoms, recipe.architecture.is_moe, incumbent)[:8]]

@@ -24,7 +24,7 @@ from attune.errors import InputError
 from attune.layout import AC_MODE, COMPILE
 from attune.recipe import Recipe
 from attune.stacks.base import TrialResult, TrialStatus
-from attune.stacks.torchtitan import smoke_assets
+import attune.stacks.torchtitan.smoke_assets as smoke_assets
 from attune.stacks.torchtitan.log_parser import measured, median_or_none
 from attune.stacks.torchtitan.recipe_values import recipe_values
 from attune.stacks.torchtitan.render import Launch, canonical_config, on_cpu, render_launch

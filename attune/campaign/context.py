@@ -1,0 +1,153 @@
+"""One campaign's context: its settings (the one model the flow takes and the CLI's flags are built
+from) and the Campaign object every step works on. A leaf of the campaign layer: it imports no other
+campaign module, so the engine, the gate runs and the finish can all import it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from attune.campaign.budget import gpu_hours
+from attune.campaign.state import CampaignState, Role
+from attune.errors import InputError
+from attune.levers import layout_key
+from attune.recipe import Recipe
+from attune.space import config_for
+from attune.validation import first_error
+
+MEASURE_TARGET_S = 120.0   # measured seconds a trial aims for, when its steps are slow
+MIN_STEPS = 3
+
+
+def _flag(name: str, **extra: Any) -> dict[str, Any]:
+    """Field metadata: the command-line flag a setting has (attune.cli.common.add_settings_arguments)."""
+    return {"flag": name} | extra
+
+
+class CampaignSettings(BaseModel):
+    """What a campaign is asked to do. Validated once, here; a bad value is an InputError naming the flag."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    budget_gpu_hours: float = Field(gt=0, description="GPU-hours the campaign may charge, every trial and gate run "
+                                    "included", json_schema_extra=_flag("--budget-gpu-hours", metavar="H"))
+    stack: str = Field("sim", description="sim | torchtitan (default sim: the simulated cluster)",
+                       json_schema_extra=_flag("--stack"))
+    planner: str = Field("attune", description="attune | random | bayes | bayes-warm | estimator-topk | "
+                         "estimator-topk-naive | grid | llm", json_schema_extra=_flag("--planner"))
+    seed: int = Field(0, ge=0, description="the campaign's seed (trial noise, sampling planners)",
+                      json_schema_extra=_flag("--seed"))
+    steps_per_trial: int = Field(10, ge=1, description="measured steps per trial (default 10)",
+                                 json_schema_extra=_flag("--steps"))
+    replicates: int = Field(3, ge=1, description="baseline and confirmation replicates (default 3)",
+                            json_schema_extra=_flag("--replicates"))
+    max_trials: int = Field(80, ge=1, description="search trials at most (default 80)",
+                            json_schema_extra=_flag("--max-trials"))
+    disabled_rules: tuple[str, ...] = Field((), description="switch a search rule of the attune planner off "
+                                            "(repeatable; ablations), e.g. explore, lessons",
+                                            json_schema_extra=_flag("--disable-rule", append=True, metavar="RULE"))
+    gate_steps: int | None = Field(None, ge=2, description="steps of each convergence-check run (>= 2: a curve "
+                                   "needs a slope): the proxy's on sim, torchtitan's on --stack torchtitan "
+                                   "(default: the gate's, 40 and 20)", json_schema_extra=_flag("--gate-steps"))
+    gate_seed: int | None = Field(None, description="the gate's proxy seed (default: the campaign's seed)")
+    stack_options: dict[str, Any] = Field(default_factory=dict, description="the stack's own options "
+                                          "(the simulated cluster on sim)")
+    planner_options: dict[str, Any] = Field(default_factory=dict, description="the planner's own options "
+                                            "(the endpoint of the llm planner)")
+
+    @field_validator("stack")
+    @classmethod
+    def _known_stack(cls, value: str) -> str:
+        from attune.stacks.registry import STACKS
+        if value not in STACKS:
+            raise ValueError(f"unknown stack {value!r}; choose from {', '.join(STACKS)}")
+        return value
+
+    @field_validator("planner")
+    @classmethod
+    def _known_planner(cls, value: str) -> str:
+        from attune.planners.registry import planner_names
+        if value not in planner_names():
+            raise ValueError(f"unknown planner {value!r}; choose from {', '.join(planner_names())}")
+        return value
+
+    @field_validator("disabled_rules")
+    @classmethod
+    def _known_rules(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        from attune.planners.lesson_guided import RULES
+        unknown = sorted(set(value) - set(RULES))
+        if unknown:
+            raise ValueError(f"unknown rule(s) {', '.join(unknown)}; rules: {', '.join(RULES)}")
+        return tuple(value)
+
+    @classmethod
+    def of(cls, **values: Any) -> "CampaignSettings":
+        """The settings, or an InputError naming the flag of the first bad one."""
+        try:
+            return cls(**values)
+        except ValidationError as err:
+            name, rule = first_error(err)
+            info = cls.model_fields.get(name.split(".")[0])
+            flag = ((info.json_schema_extra or {}).get("flag") if info else None) or name
+            raise InputError(flag, rule) from None
+
+    def identity(self) -> dict[str, Any]:
+        """What makes two runs the same campaign (a re-run with these resumes)."""
+        return {"budget": self.budget_gpu_hours, "stack": self.stack, "planner": self.planner, "seed": self.seed,
+                "steps": self.steps_per_trial, "replicates": self.replicates, "disabled": sorted(self.disabled_rules),
+                "stack_options": self.stack_options,
+                **({"gate_seed": self.gate_seed} if self.gate_seed is not None else {})}
+
+
+@dataclass
+class Campaign:
+    """The recipe, its settings and persisted state, and the stack and planner working on them."""
+
+    recipe: Recipe
+    settings: CampaignSettings
+    state: CampaignState
+    directory: Path
+    stack: Any
+    planner: Any
+    attempts: int = 0                       # attempts of the trial in flight (retries included)
+    quiet: bool = False                     # no progress lines
+    say: Callable[[str], None] | None = None   # a progress line (the flow sets it)
+    gpu_pool: str | None = None             # tag of the trial tasks: gpu-pool:<name> (concurrency limits)
+    _costs: dict[tuple, float] = field(default_factory=dict, repr=False)
+
+    @property
+    def state_path(self) -> Path:
+        return self.directory / "state.json"
+
+    def save(self) -> None:
+        self.state.save(self.state_path)
+
+    def trial_recipe(self, levers: dict[str, Any], role: Role = "trial") -> Recipe:
+        return self.recipe.with_config(config_for(self.recipe, levers), name=f"{self.recipe.name}-{role}")
+
+    def trial_steps(self, levers: dict[str, Any]) -> int:
+        """Measured steps of one trial: steps_per_trial, fewer when steps are so slow that
+        MEASURE_TARGET_S is covered sooner (at least MIN_STEPS). A 2-minute step measures as well
+        over 3 steps as over 10, and a budget of 40 GPU-hours per 64 GPUs could not pay for more."""
+        from attune.planners.estimates import predict  # the public estimator: never the ground truth
+        try:
+            step_s = predict(self.recipe, self.trial_recipe(levers).layout()).step_time_s
+        except Exception:  # noqa: BLE001 - no estimate: measure the configured number of steps
+            return self.settings.steps_per_trial
+        wanted = math.ceil(MEASURE_TARGET_S / max(step_s, 1e-6))
+        return max(min(MIN_STEPS, self.settings.steps_per_trial), min(self.settings.steps_per_trial, wanted))
+
+    def estimated_cost(self, levers: dict[str, Any]) -> float:
+        """GPU-hours one trial of these levers is expected to cost (memoised: planners that sample
+        ask about the same layouts many times, and the estimate depends on the levers alone)."""
+        key = layout_key(levers)
+        if key not in self._costs:
+            wall = self.stack.estimate_wall_time_s(self.trial_recipe(levers), self.trial_steps(levers))
+            self._costs[key] = gpu_hours(self.recipe.cluster.gpus, wall)
+        return self._costs[key]

@@ -51,7 +51,7 @@ class GateJudge:
         self.known |= {layout_key(r["levers"]): False for r in state.rejected}
         if state.gate is not None and state.incumbent_record is not None:
             self.known[layout_key(state.incumbent_record.levers)] = bool(state.gate.get("passed"))
-        self._config = GateRules()   # the public config check, memoised as the planner's
+        self._config = GateRules()   # the public config check, as the planner asks it
 
     def verdict(self, levers: dict[str, Any]) -> tuple[bool, bool]:
         """(the gate passes it, it is in the numerics tier)."""

@@ -170,7 +170,8 @@ def planner_view(c: Campaign, gate_probe: Callable[[dict[str, Any]], bool] | Non
                        trial_cost_gpu_hours=c.estimated_cost,
                        affordable=lambda levers: c.state.budget.can_afford(
                            c.settings.replicates * c.estimated_cost(levers) + gate_reserve(c, levers)),
-                       gate_probe=gate_probe or (lambda levers: probe_layout(c, levers)))
+                       gate_probe=gate_probe or (lambda levers: probe_layout(c, levers)),
+                       probed={layout_key(p["levers"]): bool(p["passed"]) for p in c.state.gate_probes})
 
 
 def next_proposal(c: Campaign, gate_probe: Callable[[dict[str, Any]], bool] | None = None) -> Proposal | None:

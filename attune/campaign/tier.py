@@ -7,13 +7,23 @@ from __future__ import annotations
 
 from typing import Any
 
+from attune.levers import layout_key
 from attune.recipe import Recipe
 from attune.space import config_for
 
+_VERDICTS: dict[tuple[str, tuple], tuple[bool, bool]] = {}   # the one memo of the config check (~10 ms a call)
+_MEMO_LIMIT = 200_000
+
 
 def gate_verdict(recipe: Recipe, levers: dict[str, Any]) -> tuple[bool, bool]:
-    """(passes the config check, changes numerics) for the recipe moved to these levers."""
+    """(passes the config check, changes numerics) for the recipe moved to these levers; memoised
+    by the recipe's content and the levers (the check is a pure function of both)."""
     from gate.config_check import check_config
 
-    verdict = check_config(recipe, recipe.with_config(config_for(recipe, levers)))
-    return verdict.passed, bool(verdict.numerics_change)
+    key = (recipe.model_dump_json(), layout_key(levers))
+    if key not in _VERDICTS:
+        if len(_VERDICTS) >= _MEMO_LIMIT:
+            _VERDICTS.clear()
+        verdict = check_config(recipe, recipe.with_config(config_for(recipe, levers)))
+        _VERDICTS[key] = (verdict.passed, bool(verdict.numerics_change))
+    return _VERDICTS[key]

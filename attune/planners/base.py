@@ -39,6 +39,7 @@ class PlannerView:
     gate_probe: Any = None                  # callable(levers) -> bool: the whole gate (config check and
                                             # the proxy's convergence check) passes the layout; CPU only,
                                             # no GPU-hours, tens of seconds, cached by content
+    probed: dict = field(default_factory=dict)   # the probes this campaign ran: layout key -> passed
 
 
 @dataclass(frozen=True)

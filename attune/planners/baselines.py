@@ -163,7 +163,7 @@ class BayesPlanner:
 
     def propose(self, view: PlannerView) -> Proposal | None:
         self._tell_history(view)
-        self.gate.probe = view.gate_probe if self.gated else None
+        self.gate.see(view, probing=self.gated)
         if self.warm_start and not self._warmed:
             self._warmed = True
             self._enqueue_warm_start(view)
@@ -214,7 +214,7 @@ class EstimatorTopK:
     def propose(self, view: PlannerView) -> Proposal | None:
         if self._ranked is None:
             self._ranked = rank_by_estimator(view.recipe, MEMORY_HEADROOM if self.gated else 0.0)
-        self.gate.probe = view.gate_probe if self.gated else None
+        self.gate.see(view, probing=self.gated)
         tried = {layout_key(levers) for levers in _tried(view)}
         measured = sum(1 for key in self._proposed if key in tried)
         if self.k is not None and measured >= self.k:

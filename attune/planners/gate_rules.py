@@ -27,15 +27,17 @@ class GateRules:
     disabled: frozenset[str] = frozenset()
     probe: Any = None                  # PlannerView.gate_probe while gate-probe is on, else None
     numerics_open: bool = False        # exact-first: numerics-tier layouts allowed from now on
-    probed: dict[tuple, bool] = field(default_factory=dict)
-    _config: dict[tuple, tuple[bool, bool]] = field(default_factory=dict)
+    probed: dict[tuple, bool] = field(default_factory=dict)   # probes this campaign ran (PlannerView.probed too)
+
+    def see(self, view, probing: bool = True) -> None:
+        """Before a proposal: the view's probe (while probing is on) and the probes the campaign
+        already ran (its state is the record: a resumed campaign does not probe them again)."""
+        self.probe = view.gate_probe if probing else None
+        self.probed |= view.probed
 
     def tier(self, recipe: Recipe, levers: dict[str, Scalar]) -> tuple[bool, bool]:
         """(the config check passes it, it is in the numerics tier)."""
-        key = layout_key(levers)
-        if key not in self._config:
-            self._config[key] = gate_verdict(recipe, levers)
-        return self._config[key]
+        return gate_verdict(recipe, levers)
 
     def allows(self, recipe: Recipe, levers: dict[str, Scalar]) -> bool:
         """gate-safe: the config check passes it; a numerics-tier layout also needs numerics_allowed."""

@@ -60,9 +60,8 @@ from dataclasses import dataclass, field
 
 from attune.errors import InputError
 from attune.layout import AC_MODE, LOCAL_BATCH, PP_MICROBATCH, PP_SCHEDULE, Layout, apply_levers, resolve_layout
-from attune.levers import Scalar
 from attune.campaign.budget import hours_text
-from attune.levers import layout_key
+from attune.levers import Scalar, layout_key, levers_text
 from attune.planners.gate_rules import GateRules
 from attune.planners.base import Observation, PlannerView, Proposal
 from attune.planners.cluster_fit import ClusterModel
@@ -74,6 +73,7 @@ RULES = ("cluster-fit", "explore", "regoal", "oom-recompute", "estimator-fit", "
          "exact-first", "estimator-goal", "goal-first", "goal-jump", "recheck")
 TIE = 0.005            # predicted gains closer than this are a tie
 PIPELINE_ONLY = (PP_SCHEDULE, PP_MICROBATCH)
+OOM_LESSON = "oom-recompute"  # the lesson rule oom-recompute applies to a layout that ran out of memory
 LESSON_WEIGHT = 0.5    # how much a matching lesson's prior adds to the estimator's predicted gain
 
 
@@ -133,7 +133,7 @@ class LessonGuidedPlanner:
             again = self._recheck(view, last)
             if again is not None:
                 return again
-        self.gate.probe = view.gate_probe if "gate-probe" not in self.disabled else None
+        self.gate.see(view, probing="gate-probe" not in self.disabled)
         incumbent = layout_of(recipe, view.incumbent)
         floor = self.min_gain if self.min_gain is not None else view.noise_band / 2
         if "goal-first" not in self.disabled and all(obs.levers == tried[0] for obs in view.history):
@@ -211,23 +211,24 @@ class LessonGuidedPlanner:
         return []
 
     def _recompute_retry(self, view: PlannerView, last: Observation, tried: list) -> Proposal | None:
-        if last.result.status.value != "oom":
+        """oom-recompute: the catalog's lesson of that name applied to the layout that ran out of
+        memory (not to the incumbent, whose trial ran), before that layout is abandoned."""
+        lesson = next((item for item in self.lessons if item.id == OOM_LESSON), None)
+        if last.result.status.value != "oom" or lesson is None:
             return None
         recipe = view.recipe
         layout = layout_of(recipe, last.levers, check=False)
-        order = ["none", "selective", "full"]
-        if layout.ac_mode == "full":
+        if not lesson.applies({"oom"}, recipe.architecture.is_moe, layout):
             return None
-        moved = dict(last.levers) | {AC_MODE: order[order.index(layout.ac_mode) + 1]}
-        if moved in tried:
-            return None
-        if not self.gate.allows(recipe, moved):
+        move = lesson.move(layout, view.domains[lesson.try_.lever])
+        moved = dict(last.levers) | (move or {})
+        if not move or moved in tried or not self.gate.allows(recipe, moved):
             return None
         if self.gate.tier(recipe, moved)[1] and not self.gate.numerics_pass(moved):
             return None
-        return Proposal(levers=moved, move={AC_MODE: moved[AC_MODE]}, lesson_id="oom-recompute",
-                        rationale=f"rule oom-recompute: the last layout ran out of memory; retried with "
-                                  f"{moved[AC_MODE]} recomputation before abandoning it")
+        return Proposal(levers=moved, move=move, lesson_id=lesson.id,
+                        rationale=f"rule oom-recompute: the last layout ran out of memory; lesson {lesson.id}: "
+                                  f"{lesson.title} ({levers_text(move)})")
 
     def _recheck(self, view: PlannerView, last: Observation) -> Proposal | None:
         """The last trial once more, if it measured a gain inside the band the estimator expected it to clear."""

@@ -28,7 +28,7 @@ def main() -> None:
                       PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="120", MPLBACKEND="Agg")
     from attune.campaign.state import CampaignState
     from attune.campaign.context import CampaignSettings
-    from flows.campaign import tune_campaign
+    from attune.flows.campaign import tune_campaign
 
     recipe = str(REPO / "recipes" / "public" / "llama3_8b.toml")
     started = time.perf_counter()

@@ -31,7 +31,7 @@ from attune.bench.request import (BenchCell, BenchRecipe, bench_cells, bench_rec
 from attune.bench.summary import public_rows, summarize
 from attune.bench.targets import check_targets
 from attune.files import attune_home
-from flows import bench_pool as pool
+from attune.flows import bench_pool as pool
 
 
 MAX_CLUSTERS_TRIED = 4   # per seed: siblings looked at for one on which the recipe runs

@@ -85,14 +85,14 @@ def run_cell(cell_json: str) -> dict[str, Any]:
 
 
 def _campaign(cell) -> dict[str, Any]:
-    from flows.campaign import tune_campaign
+    from attune.flows.campaign import tune_campaign
 
     return tune_campaign(cell.path, cell.settings(), cluster=cell.cluster, model_spec=cell.recipe.model_spec,
                          quiet=True)
 
 
 def _drop_campaign_evidence() -> None:
-    from lessons.catalog import user_evidence_file
+    from attune.lessons.catalog import user_evidence_file
     user_evidence_file().unlink(missing_ok=True)
 
 

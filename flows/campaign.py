@@ -25,7 +25,7 @@ from attune.campaign.inputs import load_campaign_recipe
 from attune.errors import InputError
 from attune.recipe import dump_recipe
 from attune.tracking import Tracker
-from tasks.campaign import (InfrastructureFault, correctness_gate, plan_next, publish_report, run_trial, ship,
+from attune.tasks.campaign import (InfrastructureFault, correctness_gate, plan_next, publish_report, run_trial, ship,
                             update_lessons)
 
 

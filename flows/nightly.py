@@ -29,8 +29,8 @@ from attune.store import open_store
 from attune.store.entry import now_iso
 from attune.campaign.inputs import load_campaign_recipe
 from attune.campaign.context import CampaignSettings
-from flows.campaign import tune_campaign
-from tasks.nightly import detect_stack, nightly_summary, regression_report, remeasure_shipped, track_night
+from attune.flows.campaign import tune_campaign
+from attune.tasks.nightly import detect_stack, nightly_summary, regression_report, remeasure_shipped, track_night
 
 
 def tonight(timezone: str = "UTC") -> str:

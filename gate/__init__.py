@@ -7,9 +7,9 @@
 `verify` (and with it torch, for the proxy) is imported on first use: the config check alone stays light.
 """
 
-from gate.config_check import check_config
-from gate.convergence import check_convergence
-from gate.models import Check, ConfigVerdict, ConvergenceVerdict, DefectHit, GateReport, NumericsChange, Violation
+from attune.gate.config_check import check_config
+from attune.gate.convergence import check_convergence
+from attune.gate.models import Check, ConfigVerdict, ConvergenceVerdict, DefectHit, GateReport, NumericsChange, Violation
 
 __all__ = ["check_config", "check_convergence", "verify", "Check", "ConfigVerdict", "ConvergenceVerdict",
            "DefectHit", "GateReport", "NumericsChange", "Violation"]
@@ -17,6 +17,6 @@ __all__ = ["check_config", "check_convergence", "verify", "Check", "ConfigVerdic
 
 def __getattr__(name: str):
     if name == "verify":
-        from gate.pipeline import verify
+        from attune.gate.pipeline import verify
         return verify
     raise AttributeError(f"module 'gate' has no attribute {name!r}")

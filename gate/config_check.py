@@ -12,9 +12,9 @@ import math
 
 from attune.layout import GLOBAL_BATCH, SEQ_LEN
 from attune.recipe import Recipe
-import gate.defects as defects
-from gate.fields import classify, effective, is_unset
-from gate.models import ConfigVerdict, NumericsChange, Violation
+import attune.gate.defects as defects
+from attune.gate.fields import classify, effective, is_unset
+from attune.gate.models import ConfigVerdict, NumericsChange, Violation
 
 FLOAT8_REASON = "float8 on layers the baseline keeps in bf16: numerics change, needs the convergence check"
 _VIA_LAYOUT = {GLOBAL_BATCH, SEQ_LEN}

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from gate.curves import CurveSet, read_curves
-from gate.models import Check, ConvergenceVerdict
-from gate.plot import plot_verdict
-from gate.stats import EDGE, INFLATE_SINGLE, LIMITS, compare
-from gate.step1 import invariant_checks, step1_checks
+from attune.gate.curves import CurveSet, read_curves
+from attune.gate.models import Check, ConvergenceVerdict
+from attune.gate.plot import plot_verdict
+from attune.gate.stats import EDGE, INFLATE_SINGLE, LIMITS, compare
+from attune.gate.step1 import invariant_checks, step1_checks
 
 
 def _groups(curves: CurveSet) -> tuple[list[list[int]], list[int]]:

@@ -19,8 +19,8 @@ from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from attune.recipe import Recipe
-from gate.fields import effective, is_unset
-from gate.models import DefectHit
+from attune.gate.fields import effective, is_unset
+from attune.gate.models import DefectHit
 
 DEFECTS_FILE = Path(__file__).with_name("defects.toml")
 _OPS = {"==": operator.eq, "!=": operator.ne, ">=": operator.ge, "<=": operator.le, ">": operator.gt,

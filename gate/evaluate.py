@@ -24,8 +24,8 @@ from pydantic import BaseModel, ConfigDict
 from attune.layout import apply_levers
 from attune.levers import Scalar
 from attune.recipe import Recipe, recipe_from_dict
-from gate.config_check import check_config
-from gate.pipeline import DEFAULT_STEPS, converge
+from attune.gate.config_check import check_config
+from attune.gate.pipeline import DEFAULT_STEPS, converge
 
 SUITE_FILES = {"proxy": Path(__file__).with_name("suite.toml"),
                "torchtitan": Path(__file__).with_name("suite_torchtitan.toml")}
@@ -94,7 +94,7 @@ def _case(case: dict, base: Recipe, workdir: Path, steps: int, replicates: int, 
         fired = sorted({"config" for _ in config.violations} | {"defect" for _ in config.defects})
         names = [v.field for v in config.violations] + [d.id for d in config.defects]
     elif runner is not None:  # the real trainer
-        from gate import torchtitan_runs
+        from attune.gate import torchtitan_runs
         verdict, failure = torchtitan_runs.converge(base, candidate, config, workdir / case["id"], steps, seed,
                                                     runner, replicates, faults=tuple(case.get("faults", ())))
         if verdict is None:
@@ -126,7 +126,7 @@ def evaluate(steps: int | None = None, quick: bool = False, workdir: Path | None
     start = time.perf_counter()
     runner = None
     if trainer == "torchtitan":
-        from gate import torchtitan_runs
+        from attune.gate import torchtitan_runs
         steps = steps or (QUICK_STEPS[trainer] if quick else torchtitan_runs.DEFAULT_STEPS)
         replicates = torchtitan_runs.REPLICATES
     else:

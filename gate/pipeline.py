@@ -25,10 +25,10 @@ from attune.files import atomic_write_text
 from attune.proxy.config import ProxyConfig, proxy_config
 from attune.proxy.train import ProxyRun, run
 from attune.recipe import Recipe
-from gate.config_check import check_config
-from gate.convergence import check_convergence
-from gate.curves import write_folder as write_curves_folder
-from gate.models import ConfigVerdict, GateReport
+from attune.gate.config_check import check_config
+from attune.gate.convergence import check_convergence
+from attune.gate.curves import write_folder as write_curves_folder
+from attune.gate.models import ConfigVerdict, GateReport
 
 DEFAULT_STEPS = 40
 MAX_DOUBLINGS = 2

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gate.stats import LIMITS
+from attune.gate.stats import LIMITS
 
 _LABEL = {"loss": "train loss", "eval_loss": "eval loss (fixed batch)", "grad_norm": "log grad norm",
           "expert_imbalance": "MoE expert imbalance (CV)"}

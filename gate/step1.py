@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from gate.models import Check
+from attune.gate.models import Check
 
 M = 3.0
 # name: (how the deviation is measured, floor in the exact tier, floor in the numerics tier)

@@ -30,10 +30,10 @@ from attune.recipe import Recipe
 from attune.stacks.torchtitan.recipe_values import OVERRIDE_IMPORTS, recipe_values
 from attune.stacks.torchtitan.runner import RunLimits
 from attune.stacks.torchtitan.stack import TorchtitanStack
-from gate.config_check import check_config
-from gate.convergence import check_convergence
-from gate.curves import write_folder
-from gate.models import ConfigVerdict, ConvergenceVerdict, GateReport
+from attune.gate.config_check import check_config
+from attune.gate.convergence import check_convergence
+from attune.gate.curves import write_folder
+from attune.gate.models import ConfigVerdict, ConvergenceVerdict, GateReport
 
 DEFAULT_STEPS = 20
 MAX_DOUBLINGS = 1

@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"on {cluster}, budget {budget:g} GPU-h")
         return 0
     try:
-        from flows.campaign import run_campaign_for_seed
+        from attune.flows.campaign import run_campaign_for_seed
     except ImportError as err:
         print(f"seed_leaderboard: flows.campaign.run_campaign_for_seed is not available yet ({err})",
               file=sys.stderr)

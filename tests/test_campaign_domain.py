@@ -8,7 +8,7 @@ from attune.campaign.noise import MIN_RELATIVE_SD, gain_is_real, relative_sd, se
 from attune.campaign.payback import payback_hours
 from attune.recipe import load_recipe
 from attune.space import lever_domains
-from lessons.catalog import Evidence, append_evidence, load_lessons, match, user_evidence_file
+from attune.lessons.catalog import Evidence, append_evidence, load_lessons, match, user_evidence_file
 
 
 def test_budget_never_affords_more_than_is_left():

@@ -33,8 +33,8 @@ def test_every_deployment_names_a_known_pool_and_an_existing_flow():
 
 
 def test_campaign_and_nightly_parameters_are_flow_parameters():
-    from flows.campaign import tune_campaign
-    from flows.nightly import nightly_retune
+    from attune.flows.campaign import tune_campaign
+    from attune.flows.nightly import nightly_retune
 
     flows = {"flows/campaign.py:tune_campaign": tune_campaign, "flows/nightly.py:nightly_retune": nightly_retune}
     for name, d in _deployments().items():

@@ -7,8 +7,8 @@ import pytest
 from attune.layout import GLOBAL_BATCH, apply_levers
 from attune.levers import lever_catalog, speed_levers
 from attune.recipe import load_recipe
-from gate import check_config, defects
-from gate.fields import _table, classify, objective_fields
+from attune.gate import check_config, defects
+from attune.gate.fields import _table, classify, objective_fields
 
 MOE_RECIPE = """
 name = "moe"

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from attune.errors import InputError
-from gate import check_convergence
-from gate.curves import read_curves, write_curve
-from gate.step1 import step1_checks
+from attune.gate import check_convergence
+from attune.gate.curves import read_curves, write_curve
+from attune.gate.step1 import step1_checks
 
 T = 40
 

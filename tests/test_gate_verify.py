@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-import gate
+from attune import gate
 from attune.layout import apply_levers
 from attune.recipe import load_recipe
-from gate.pipeline import plan_runs
+from attune.gate.pipeline import plan_runs
 from tests.conftest import RECIPE_8B
 
 
@@ -64,9 +64,9 @@ def test_replicates_must_be_two_or_more(base, tmp_path):
 
 
 def test_curves_only_failure_is_confirmed_by_an_independent_run(base, tmp_path, monkeypatch):
-    import gate.pipeline as pipeline
-    from gate.config_check import check_config
-    from gate.models import Check, ConvergenceVerdict
+    import attune.gate.pipeline as pipeline
+    from attune.gate.config_check import check_config
+    from attune.gate.models import Check, ConvergenceVerdict
 
     seen = []
 
@@ -87,7 +87,7 @@ def test_curves_only_failure_is_confirmed_by_an_independent_run(base, tmp_path, 
 
 def test_cached_verdicts_are_keyed_by_the_gate_code(tmp_path):
     """A verdict cached by an older gate is never reused: the key holds a digest of the gate's code."""
-    from gate.pipeline import code_version
+    from attune.gate.pipeline import code_version
     version = code_version()
     assert len(version) == 12 and version == code_version()
     probe = Path(__file__).resolve().parent.parent / "gate" / "_version_probe.py"

@@ -13,16 +13,18 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 SCANNED = ("attune", "flows", "tasks", "gate", "lessons")
+# The design's top-level folders install inside the one distribution namespace (pyproject.toml).
+NAMESPACED = {"gate": "attune.gate", "lessons": "attune.lessons", "tasks": "attune.tasks", "flows": "attune.flows"}
 
 # Each layer by the module prefixes it holds; the longest matching prefix decides.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("data", ("attune.data", "attune.data_files", "attune.errors", "attune.files")),
     ("domain", ("attune.spec", "attune.recipe", "attune.layout", "attune.levers", "attune.space",
                 "attune.validation", "attune.sim", "attune.proxy", "attune.stacks", "attune.store",
-                "attune.leaderboard", "gate", "lessons")),
+                "attune.leaderboard", "attune.gate", "attune.lessons")),
     ("campaign", ("attune.campaign", "attune.planners", "attune.tracking", "attune.nightly", "attune.bench")),
-    ("tasks", ("tasks",)),
-    ("flows", ("flows",)),
+    ("tasks", ("attune.tasks",)),
+    ("flows", ("attune.flows",)),
     ("cli", ("attune.cli", "attune")),
 ]
 
@@ -37,27 +39,37 @@ def layer_of(module: str) -> int | None:
 
 
 def module_name(path: Path) -> str:
-    return ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+    """The module's import name: gate/x.py is attune.gate.x (NAMESPACED)."""
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    parts[0] = NAMESPACED.get(parts[0], parts[0])
+    return ".".join(parts).removesuffix(".__init__")
 
 
-def imported(path: Path) -> list[tuple[str, int]]:
-    """(module, line) of every absolute import in the file (relative ones stay inside a package)."""
+def project_modules() -> set[str]:
+    return {module_name(path) for folder in SCANNED for path in (REPO / folder).rglob("*.py")}
+
+
+def imported(path: Path, modules: set[str] | None = None) -> list[tuple[str, int]]:
+    """(module, line) of every absolute import in the file (relative ones stay inside a package);
+    `from p import m` of a project submodule m counts as an import of p.m, not of p."""
+    modules = project_modules() if modules is None else modules
     found = []
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
             found += [(alias.name, node.lineno) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
-            found.append((node.module, node.lineno))
+            subs = [f"{node.module}.{alias.name}" for alias in node.names if f"{node.module}.{alias.name}" in modules]
+            found += [(sub, node.lineno) for sub in subs] or [(node.module, node.lineno)]
     return found
 
 
 def upward_imports() -> list[str]:
-    offenders = []
+    offenders, modules = [], project_modules()
     for folder in SCANNED:
         for path in sorted((REPO / folder).rglob("*.py")):
             own = layer_of(module_name(path))
             assert own is not None, f"{path}: in no layer (add its package to LAYERS and the README)"
-            for module, line in imported(path):
+            for module, line in imported(path, modules):
                 theirs = layer_of(module)
                 if theirs is not None and theirs > own:
                     offenders.append(f"{path.relative_to(REPO)}:{line} ({LAYERS[own][0]}) imports {module} "
@@ -73,9 +85,9 @@ def test_no_module_imports_a_layer_above_its_own():
 def test_the_scan_sees_an_upward_import(tmp_path):
     """The scan itself can fail: a domain module that imports a flow is caught."""
     fake = REPO / "attune" / "sim" / "_layer_probe.py"
-    fake.write_text("def f():\n    from flows.campaign import tune_campaign\n")
+    fake.write_text("def f():\n    from attune.flows.campaign import tune_campaign\n")
     try:
-        assert any("_layer_probe.py:2 (domain) imports flows.campaign (flows)" in o for o in upward_imports())
+        assert any("_layer_probe.py:2 (domain) imports attune.flows.campaign (flows)" in o for o in upward_imports())
     finally:
         fake.unlink()
 
@@ -85,8 +97,9 @@ def test_every_package_has_a_layer_and_the_readme_names_it():
     for folder in SCANNED:
         for init in (REPO / folder).rglob("__init__.py"):
             package = module_name(init)
+            folder_name = init.parent.relative_to(REPO).as_posix()
             assert layer_of(package) is not None, package
-            assert f"`{package.replace('.', '/')}/`" in readme, f"the README's layout table does not name {package}"
+            assert f"`{folder_name}/`" in readme, f"the README's layout table does not name {folder_name}"
 
 
 def import_graph(root: Path = REPO) -> dict[str, set[str]]:
@@ -166,3 +179,18 @@ def test_the_cycle_scan_sees_a_cycle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(graph) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_nothing_imports_the_folders_by_their_bare_names_and_the_install_lists_every_package():
+    """gate/, lessons/, tasks/ and flows/ are attune.gate, ... once installed: an import of the bare
+    name works only from the repo's root and never in an installed copy."""
+    import tomllib
+
+    bare = [f"{module_name(path)}:{line} imports {module}" for folder in SCANNED
+            for path in sorted((REPO / folder).rglob("*.py")) for module, line in imported(path)
+            if module.split(".")[0] in NAMESPACED]
+    assert not bare, "\n".join(bare)
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {module_name(d / "__init__.py") for folder in SCANNED for d in [REPO / folder, *(REPO / folder).rglob("*")]
+               if d.is_dir() and d.name != "__pycache__" and any(d.glob("*.py"))}
+    assert folders <= listed, sorted(folders - listed)

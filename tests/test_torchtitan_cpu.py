@@ -80,7 +80,7 @@ def test_the_gate_reserve_pays_for_real_runs_only_on_torchtitan(tmp_path):
     from attune.campaign.context import CampaignSettings
     from attune.campaign.engine import confirm_reserve, open_campaign
     from attune.campaign.gate_runs import gate_reserve, gate_trainer
-    from gate.torchtitan_runs import plan_runs
+    from attune.gate.torchtitan_runs import plan_runs
     sim = open_campaign(load_recipe(REPO / "recipes/public/llama3_8b.toml"),
                         CampaignSettings(budget_gpu_hours=40), home=tmp_path)
     sim_levers = sim.recipe.layout().levers()

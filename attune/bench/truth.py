@@ -61,7 +61,7 @@ def shippable_oracles(recipe: Recipe, max_checks: int = 5000, cluster_seed: int 
     from attune.sim.arrays import FLOAT8_MODES
     from attune.sim.ground_truth import measure_many   # whole-space columns: oracle.py has no such call
     from attune.sim.space_arrays import space_arrays
-    from gate.config_check import check_config
+    from attune.gate.config_check import check_config
 
     arrays = space_arrays(recipe)
     cols = measure_many(recipe, arrays, cluster_seed, world)

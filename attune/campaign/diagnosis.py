@@ -14,7 +14,7 @@ from pydantic import BaseModel
 
 from attune.layout import Layout
 from attune.stacks.base import TrialResult, TrialStatus
-from lessons.catalog import HERE as LESSONS_DIR
+from attune.lessons.catalog import HERE as LESSONS_DIR
 
 SYMPTOMS_FILE = LESSONS_DIR / "symptoms.toml"
 

@@ -11,7 +11,7 @@ from attune.campaign.engine import mean_tps
 from attune.campaign.gate_runs import gate_report
 from attune.campaign.payback import payback_hours
 from attune.recipe import Recipe, write_recipe
-from lessons.catalog import Evidence, append_evidence, user_evidence_file
+from attune.lessons.catalog import Evidence, append_evidence, user_evidence_file
 
 
 def candidate_recipe(c: Campaign) -> Recipe:
@@ -44,7 +44,7 @@ def ship(c: Campaign, out_path: Path | None) -> Path | None:
 def baseline_defects(c: Campaign) -> list[dict[str, str]]:
     """Known stack defects the recipe as given already matches: a campaign cannot fix what the gate
     compares against, so it says so (every faster layout that keeps the defect is refused)."""
-    from gate.defects import match
+    from attune.gate.defects import match
 
     return [{"id": hit.id, "source": hit.source} for hit in match(c.recipe)]
 

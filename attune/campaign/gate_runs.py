@@ -36,8 +36,8 @@ from attune.space import config_for
 def gate_report(c: Campaign, candidate: Recipe, workdir: Path, trainer: str | None = None) -> dict[str, Any]:
     """The gate's report (as JSON) on `candidate` against the campaign's recipe; `trainer` forces
     whose curves it reads (a probe always asks the proxy), by default the campaign's own."""
-    import gate
-    from gate.pipeline import code_version
+    from attune import gate
+    from attune.gate.pipeline import code_version
 
     seed = c.settings.seed if c.settings.gate_seed is None else c.settings.gate_seed
     trainer = trainer or gate_trainer(c)
@@ -48,7 +48,7 @@ def gate_report(c: Campaign, candidate: Recipe, workdir: Path, trainer: str | No
     if cached.is_file():
         return json.loads(cached.read_text()) | {"cached": True}
     if trainer == "torchtitan":
-        from gate import torchtitan_runs
+        from attune.gate import torchtitan_runs
         needed = _gate_hours(c, candidate)
         if not c.state.budget.can_afford(needed):  # not cached: a larger budget may run it
             return {"passed": False, "trainer": trainer, "gpu_hours": 0.0, "seconds": 0.0,
@@ -80,7 +80,7 @@ def gate_reserve(c: Campaign, levers: dict[str, Any]) -> float:
 
 
 def _gate_hours(c: Campaign, candidate: Recipe) -> float:
-    from gate import torchtitan_runs
+    from attune.gate import torchtitan_runs
     runs = torchtitan_runs.plan_runs(c.recipe, candidate, c.settings.gate_steps or torchtitan_runs.DEFAULT_STEPS,
                                      seed=0)
     return sum(gpu_hours(run.recipe.cluster.gpus, c.stack.estimate_wall_time_s(run.recipe, run.steps))

@@ -18,7 +18,7 @@ _MEMO_LIMIT = 200_000
 def gate_verdict(recipe: Recipe, levers: dict[str, Any]) -> tuple[bool, bool]:
     """(passes the config check, changes numerics) for the recipe moved to these levers; memoised
     by the recipe's content and the levers (the check is a pure function of both)."""
-    from gate.config_check import check_config
+    from attune.gate.config_check import check_config
 
     key = (recipe.model_dump_json(), layout_key(levers))
     if key not in _VERDICTS:

@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     quiet_local_prefect("WARNING")
     os.environ.setdefault("MPLBACKEND", "Agg")
     _validate(args)
-    from flows.bench import tuner_benchmark
+    from attune.flows.bench import tuner_benchmark
 
     payload = tuner_benchmark(args.recipes, planners=args.planners, budget_gpu_hours=args.budget_gpu_hours,
                               seeds=args.seeds, world=args.world, cluster=args.cluster, model_spec=args.model_spec,

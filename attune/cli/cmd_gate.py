@@ -73,9 +73,9 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from gate.config_check import check_config
-    from gate.convergence import check_convergence
-    from gate.models import GateReport
+    from attune.gate.config_check import check_config
+    from attune.gate.convergence import check_convergence
+    from attune.gate.models import GateReport
 
     for flag in ("baseline", "candidate"):
         if not getattr(args, flag):
@@ -86,12 +86,12 @@ def _check(args: argparse.Namespace) -> int:
         raise InputError("--stack", "torchtitan makes its own curves: drop --curves / --proxy")
     baseline, candidate = load_recipe(args.baseline), load_recipe(args.candidate)
     if args.stack == "torchtitan":
-        from gate.torchtitan_runs import verify as verify_torchtitan
+        from attune.gate.torchtitan_runs import verify as verify_torchtitan
 
         report = verify_torchtitan(baseline, candidate, Path(args.workdir or "gate-run"), steps=args.steps,
                                    seed=args.seed or 0, say=_say(args))
     elif args.proxy:
-        from gate.pipeline import verify
+        from attune.gate.pipeline import verify
 
         report = verify(baseline, candidate, Path(args.workdir or "gate-run"), steps=args.steps, seed=args.seed or 0)
     else:
@@ -134,7 +134,7 @@ def _text(report) -> str:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from gate.evaluate import evaluate, suite, table
+    from attune.gate.evaluate import evaluate, suite, table
 
     only = [s.strip() for s in args.only.split(",")] if args.only else None
     if only:

@@ -29,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     quiet_local_prefect()
     settings = _settings(args)
-    from flows.campaign import tune_campaign
+    from attune.flows.campaign import tune_campaign
 
     result = tune_campaign(args.recipe, settings, cluster=args.cluster, model_spec=args.model_spec,
                            mlflow_uri=args.mlflow_uri, out=args.out, store=args.store, quiet=args.quiet)

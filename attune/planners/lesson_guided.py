@@ -67,7 +67,7 @@ from attune.planners.base import Observation, PlannerView, Proposal
 from attune.planners.cluster_fit import ClusterModel
 from attune.planners.goal import Goal, predicted_gain
 from attune.space import config_for, layout_of
-from lessons.catalog import Lesson, load_lessons, match
+from attune.lessons.catalog import Lesson, load_lessons, match
 
 RULES = ("cluster-fit", "explore", "regoal", "oom-recompute", "estimator-fit", "no-repeat", "cheaper-ties", "lessons", "gate-safe", "gate-probe",
          "exact-first", "estimator-goal", "goal-first", "goal-jump", "recheck")

@@ -27,7 +27,7 @@ from attune.planners.lesson_guided import LessonGuidedPlanner
 from attune.planners.registry import register_planner
 from attune.recipe import dump_recipe
 from attune.space import config_for, layout_of
-from lessons.catalog import match
+from attune.lessons.catalog import match
 
 SYSTEM = ("You tune distributed LLM training recipes for throughput. Propose exactly ONE lever change "
           "from the catalog given, as JSON matching the schema. Only catalog levers and listed values are valid. "

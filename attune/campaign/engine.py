@@ -188,12 +188,16 @@ def next_proposal(c: Campaign, gate_probe: Callable[[dict[str, Any]], bool] | No
 
 
 def confirm_plan(c: Campaign) -> list[dict[str, Any]]:
-    """Replicates still to run for the incumbent (none if it is the baseline)."""
+    """Fresh replicates still to run for the incumbent (none if it is the baseline): replicates - 1
+    of them, whatever the search measured of it (see settle_incumbent)."""
     incumbent = c.state.incumbent_record
     if incumbent is None or incumbent.role == "baseline":
         return []
-    have = len([t for t in c.state.measured(incumbent.levers) if t.result.ok])
-    return [incumbent.levers] * max(0, c.settings.replicates - have)
+    return [incumbent.levers] * max(0, c.settings.replicates - 1 - len(_confirmations(c, incumbent.levers)))
+
+
+def _confirmations(c: Campaign, levers: dict[str, Any]) -> list[float]:
+    return [t.tps for t in c.state.measured(levers) if t.role == "confirm" and t.result.ok]
 
 
 def fall_back(c: Campaign) -> bool:
@@ -234,12 +238,17 @@ def best_exact(trials: list[TrialRecord], recipe: Recipe, rel_sd: float | None) 
 
 
 def settle_incumbent(c: Campaign) -> tuple[bool, float]:
-    """Accept the incumbent only if its gain over the baseline is real (one-sided Welch test)."""
+    """Accept the incumbent only if its gain over the baseline is real: a one-sided Welch test of its
+    fresh confirmation runs against the baseline's. The search's own measurement of it is left out:
+    it was chosen for being the best of many noisy measurements, so it is biased upward (the more a
+    campaign explores, the more a noise-sized "gain" wins the search). With one replicate asked there
+    is nothing fresh, and every measurement counts."""
     incumbent = c.state.incumbent_record
     base = c.state.baseline_tps
     if incumbent is None or incumbent.role == "baseline":
         return False, 1.0
-    samples = [t.tps for t in c.state.measured(incumbent.levers) if t.result.ok]
+    samples = (_confirmations(c, incumbent.levers)
+               or [t.tps for t in c.state.measured(incumbent.levers) if t.result.ok])
     accepted, p = gain_is_real(base, samples)
     if not accepted:
         c.state.incumbent = c.state.of_role("baseline")[0].index

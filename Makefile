@@ -15,11 +15,12 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# The main job on the embedded default: a campaign on the simulated cluster, the ephemeral Prefect
-# API and MLflow on .attune/mlflow.db; then the oracle, to see how close the campaign came.
+# The main job on the embedded default: a campaign on a simulated cluster (a sibling of the reference
+# cluster in the realistic world, so the estimator is off and the planner must learn the cluster),
+# the ephemeral Prefect API and MLflow on .attune/mlflow.db; then the oracle, to see how close it came.
 demo: $(STAMP)
-	$(BIN)/attune tune recipes/public/llama3_8b.toml --cluster h100:64 --budget-gpu-hours 40
-	$(BIN)/attune sim oracle recipes/public/llama3_8b.toml --cluster h100:64
+	$(BIN)/attune tune recipes/public/llama3_8b.toml --cluster h100:64 --cluster-seed 1 --budget-gpu-hours 40
+	$(BIN)/attune sim oracle recipes/public/llama3_8b.toml --cluster h100:64 --cluster-seed 1
 	$(BIN)/attune leaderboard
 
 test: $(STAMP)

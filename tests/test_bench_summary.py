@@ -11,6 +11,7 @@ from attune.bench.summary import ci95, hours_to_reach, public_rows, summarize
 from attune.bench.targets import check_targets
 from attune.campaign.payback import payback_hours
 from attune.errors import InputError
+from conftest import REPO
 
 
 def _cell(planner: str, seed: int, gain: float, trajectory, used: float = 30.0, gate=True, recipe="r@h100:64"):
@@ -136,3 +137,29 @@ def test_the_hard_world_asks_attune_for_half_as_much_again_as_the_strongest_alte
     assert realistic["gain-vs-estimator-topk"] and hard["gain-vs-estimator-topk"] is False   # 0.30 < 1.5 x 0.25
     assert realistic["gain-vs-bayes-warm"] and hard["gain-vs-bayes-warm"]                   # 0.30 >= 1.5 x 0.18
     assert realistic["oracle-share"] is False and hard["oracle-share"]                      # 93%: < 95%, >= 90%
+
+
+def test_each_seed_runs_on_its_own_cluster_and_a_tuned_recipe_on_its_clusters_best_layout(tmp_path):
+    from attune.bench.request import bench_cells, bench_recipes, write_tuned_recipe
+    from attune.recipe import load_recipe
+
+    path = str(REPO / "benchmarks" / "recipes" / "deepseek_v3_16b_h100x64.toml")
+    public, tuned = bench_recipes([path, "tuned:" + path])
+    assert public.label == "deepseek_v3_16b-public@h100:64" and tuned.label == "deepseek_v3_16b-tuned@h100:64"
+    assert tuned.tuned and not public.tuned
+    (variant,) = parse_planners("attune")
+    # the flow found the recipe runs on siblings 1, 3 and 4 (not 2): three seeds, those clusters
+    levers = load_recipe(path).layout().levers() | {"training.local_batch_size": 2}
+    tuned_file = write_tuned_recipe(tuned, {"cluster_seed": 3, "tuned_levers": levers}, tmp_path)
+    cells = bench_cells([public, tuned], [variant], seeds=3, world="hard",
+                        clusters={public.label: [1, 3, 4], tuned.label: [1, 3]},
+                        tuned_paths={oracle_key(tuned.label, 3): tuned_file})
+    assert [(c.recipe.label, c.seed, c.cluster_seed) for c in cells] == [
+        (public.label, 0, 1), (tuned.label, 0, 1), (public.label, 1, 3), (tuned.label, 1, 3), (public.label, 2, 4)]
+    on_three = next(c for c in cells if c.recipe.tuned and c.cluster_seed == 3)
+    assert on_three.path == tuned_file and on_three.cluster is None
+    assert load_recipe(on_three.path).layout().local_batch == 2
+    settings = on_three.settings()
+    assert settings.stack_options == {"cluster_seed": 3, "world": "hard"} and settings.planner == "attune"
+    with pytest.raises(InputError, match="--world"):
+        bench_cells([public], [variant], seeds=1, world="nope")

@@ -114,6 +114,11 @@ def test_kill_mid_campaign_then_resume_never_charges_twice(tmp_path):
     (["--budget-gpu-hours", "-3"], "--budget-gpu-hours"),
     (["--budget-gpu-hours", "0.01"], "less than one baseline run"),
     (["--disable-rule", "no-such-rule"], "--disable-rule"),
+    (["--steps", "0"], "--steps: Input should be greater than or equal to 1, got 0"),
+    (["--gate-steps", "1"], "--gate-steps"),
+    (["--world", "nope"], "--world: unknown world 'nope'"),
+    (["--cluster-seed", "-1"], "--cluster-seed"),
+    (["--stack", "torchtitan", "--world", "hard"], "only the sim stack has simulated clusters"),
 ])
 def test_bad_requests_exit_2_and_write_nothing(cli, tmp_path, args, needle):
     base = ["tune", PUBLIC_8B]

@@ -95,6 +95,9 @@ class CampaignSettings(BaseModel):
             name, rule = first_error(err)
             info = cls.model_fields.get(name.split(".")[0])
             flag = ((info.json_schema_extra or {}).get("flag") if info else None) or name
+            given = err.errors()[0].get("input")
+            if not isinstance(given, (dict, list, tuple)) and repr(given) not in rule:
+                rule = f"{rule}, got {given!r}"
             raise InputError(flag, rule) from None
 
     def identity(self) -> dict[str, Any]:

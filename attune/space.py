@@ -65,6 +65,11 @@ def config_for(recipe: Recipe, levers: dict[str, Scalar]) -> dict[str, Scalar]:
     return config
 
 
+def recipe_at(recipe: Recipe, levers: dict[str, Scalar], name: str | None = None) -> Recipe:
+    """The recipe moved to these lever values (its objective untouched), optionally renamed."""
+    return recipe.with_config(config_for(recipe, levers), name=name)
+
+
 def layout_of(recipe: Recipe, levers: dict[str, Scalar], check: bool = True) -> Layout:
     """The layout the recipe takes with these lever values (InputError if invalid; with check=False
     a layout that does not divide is still resolved, for reporting what was measured)."""

@@ -162,13 +162,13 @@ def write_tuned_recipe(recipe: BenchRecipe, oracle: dict, folder: Path) -> str:
     """A tuned recipe on the oracle's cluster (its `tuned_levers`, attune.bench.truth.oracle_json) as a file."""
     from attune.campaign.inputs import load_campaign_recipe
     from attune.recipe import write_recipe
-    from attune.space import config_for
+    from attune.space import recipe_at
 
     base = load_campaign_recipe(recipe.path, recipe.cluster, recipe.model_spec)
     levers = oracle.get("tuned_levers") or base.layout().levers()
     name = recipe.label.split("@")[0]
     path = folder / f"{name}-{base.cluster.label.replace(':', 'x')}-cluster{oracle['cluster_seed']}.toml"
-    write_recipe(base.with_config(config_for(base, levers), name=name), path)
+    write_recipe(recipe_at(base, levers, name=name), path)
     return str(path)
 
 

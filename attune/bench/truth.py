@@ -14,7 +14,7 @@ from typing import Any
 
 from attune.recipe import Recipe
 from attune.sim.worlds import DEFAULT_WORLD
-from attune.space import config_for, layout_of
+from attune.space import layout_of, recipe_at
 
 
 def truth_tps(recipe: Recipe, levers: dict[str, Any], cluster_seed: int, world: str = DEFAULT_WORLD) -> float:
@@ -76,7 +76,7 @@ def shippable_oracles(recipe: Recipe, max_checks: int = 5000, cluster_seed: int 
             continue   # only an exact one is still wanted
         checks += 1
         levers = arrays.layout(int(i)).levers()
-        verdict = check_config(recipe, recipe.with_config(config_for(recipe, levers)))
+        verdict = check_config(recipe, recipe_at(recipe, levers))
         if not verdict.passed:
             continue
         found = {"tokens_per_sec_per_gpu": float(tps[i]), "levers": levers}

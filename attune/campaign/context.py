@@ -18,7 +18,7 @@ from attune.campaign.state import CampaignState, Role
 from attune.errors import InputError
 from attune.levers import layout_key
 from attune.recipe import Recipe
-from attune.space import config_for
+from attune.space import recipe_at
 from attune.validation import first_error
 
 MEASURE_TARGET_S = 120.0   # measured seconds a trial aims for, when its steps are slow
@@ -132,7 +132,7 @@ class Campaign:
         self.state.save(self.state_path)
 
     def trial_recipe(self, levers: dict[str, Any], role: Role = "trial") -> Recipe:
-        return self.recipe.with_config(config_for(self.recipe, levers), name=f"{self.recipe.name}-{role}")
+        return recipe_at(self.recipe, levers, name=f"{self.recipe.name}-{role}")
 
     def trial_steps(self, levers: dict[str, Any]) -> int:
         """Measured steps of one trial: steps_per_trial, fewer when steps are so slow that

@@ -30,7 +30,7 @@ from attune.campaign.context import Campaign
 from attune.files import atomic_write_text, attune_home
 from attune.levers import levers_text
 from attune.recipe import Recipe
-from attune.space import config_for
+from attune.space import recipe_at
 
 
 def gate_report(c: Campaign, candidate: Recipe, workdir: Path, trainer: str | None = None) -> dict[str, Any]:
@@ -92,7 +92,7 @@ def probe_layout(c: Campaign, levers: dict[str, Any]) -> bool:
     for probe in c.state.gate_probes:
         if probe["levers"] == levers:
             return bool(probe["passed"])
-    candidate = c.recipe.with_config(config_for(c.recipe, levers), name=f"{c.recipe.name}-probe")
+    candidate = recipe_at(c.recipe, levers, name=f"{c.recipe.name}-probe")
     workdir = c.directory / "probes" / f"{len(c.state.gate_probes):02d}"
     if c.say:
         base = c.recipe.layout().levers()

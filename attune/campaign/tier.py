@@ -9,7 +9,7 @@ from typing import Any
 
 from attune.levers import layout_key
 from attune.recipe import Recipe
-from attune.space import config_for
+from attune.space import recipe_at
 
 _VERDICTS: dict[tuple[str, tuple], tuple[bool, bool]] = {}   # the one memo of the config check (~10 ms a call)
 _MEMO_LIMIT = 200_000
@@ -24,6 +24,6 @@ def gate_verdict(recipe: Recipe, levers: dict[str, Any]) -> tuple[bool, bool]:
     if key not in _VERDICTS:
         if len(_VERDICTS) >= _MEMO_LIMIT:
             _VERDICTS.clear()
-        verdict = check_config(recipe, recipe.with_config(config_for(recipe, levers)))
+        verdict = check_config(recipe, recipe_at(recipe, levers))
         _VERDICTS[key] = (verdict.passed, bool(verdict.numerics_change))
     return _VERDICTS[key]

@@ -49,13 +49,12 @@ def _measure(c: Campaign, tracker: Tracker, role: str, levers: dict[str, Any], p
     trials so far) to look for upstream futures, a third of a sim campaign's wall time."""
     c.attempts = 0
     try:
-        result = run_trial.with_options(tags=_pool_tags(c))(quote(c), role, levers, reserve)
-    except InfrastructureFault as fault:
-        result = fault.result
+        record = run_trial.with_options(tags=_pool_tags(c))(quote(c), role, levers, reserve, quote(proposal))
+    except InfrastructureFault as fault:   # retries spent: the last attempt is what was measured
+        record = engine.record_trial(c, role, levers, fault.result, proposal, attempts=max(1, c.attempts))
     except BudgetExhausted as spent:
         c.state.stop_reason = str(spent)
         return None
-    record = engine.record_trial(c, role, levers, result, proposal, attempts=max(1, c.attempts))
     record.mlflow_run_id = tracker.log_trial(c.state.mlflow_run_id, record, dump_recipe(c.trial_recipe(levers, role)),
                                              _tags(c), extra_artifacts=_llm_artifacts(proposal))
     c.save()

@@ -14,6 +14,7 @@ from attune.campaign import engine, finish, gate_runs
 from attune.campaign.context import Campaign
 from attune.campaign.engine import RETRYABLE
 from attune.campaign.report import report_markdown
+from attune.campaign.state import TrialRecord
 from attune.stacks.base import TrialResult
 
 
@@ -37,12 +38,14 @@ def _only_infrastructure_faults(task, task_run, state) -> bool:
 
 @task(name="run-trial", retries=1, retry_delay_seconds=0, retry_condition_fn=_only_infrastructure_faults,
       cache_policy=NO_CACHE)
-def run_trial(c: Campaign, role: str, levers: dict[str, Any], reserve: float = 0.0) -> TrialResult:
+def run_trial(c: Campaign, role: str, levers: dict[str, Any], reserve: float = 0.0, proposal=None) -> TrialRecord:
+    """One attempt of a trial, recorded and diagnosed; an infrastructure fault raises (and is retried),
+    its result in the exception for the flow to record when the retries are spent."""
     c.attempts += 1
     result = engine.execute_attempt(c, role, levers, reserve)
     if result.status in RETRYABLE:
         raise InfrastructureFault(result)
-    return result
+    return engine.record_trial(c, role, levers, result, proposal, attempts=c.attempts)
 
 
 @task(name="gate-probe", cache_policy=NO_CACHE)

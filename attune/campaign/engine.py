@@ -31,8 +31,6 @@ from attune.stacks.registry import make_stack
 
 RETRYABLE = (TrialStatus.CRASH, TrialStatus.NCCL_ERROR, TrialStatus.TIMEOUT)
 
-__all__ = ["Campaign", "CampaignSettings", "BudgetExhausted", "open_campaign"]
-
 
 class BudgetExhausted(Exception):
     pass

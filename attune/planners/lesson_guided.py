@@ -12,26 +12,27 @@ Search rules (each can be switched off for ablations, see RULES):
                    proving right the walk stops sooner; where it proves wrong it keeps measuring
   regoal           after a trial, a re-ranked goal not yet measured that is predicted to beat every
                    one-lever move by more than the floor is measured as it is
-  oom-recompute    an out-of-memory layout is retried with more recomputation before it is abandoned
-  estimator-fit    candidates the public estimator predicts not to fit are offered with the
+  oom-recompute    an out-of-memory layout is retried with the catalog's oom-recompute lesson (more
+                   recomputation) before it is abandoned
+  estimator-fit    candidates the model predicts not to fit are offered with the
                    recomputation or micro-batch compensation that makes them fit, else dropped
   no-repeat        a layout already measured (won or lost) is never proposed again
   cheaper-ties     among candidates predicted within TIE of each other the cheaper trial goes first
-  lessons          lessons matching the diagnosis get their prior added to the estimator's gain;
-                   without it every one-lever move is ranked by the estimator alone
+  lessons          lessons matching the diagnosis get their prior added to the model's gain;
+                   without it every one-lever move is ranked by the model alone
   gate-safe        a candidate the gate's public config check would refuse (an objective change
                    or a known stack defect of gate/defects.toml) is offered with the compensation
                    that avoids it (no recomputation for the compile + recompute MoE defect), else
                    dropped: a campaign ships only what passes the gate, so such a trial is wasted
-  estimator-goal   the public estimator's best layout the gate rules allow, predicted to leave
+  estimator-goal   the model's best layout the gate rules allow (attune.planners.goal), predicted to leave
                    MEMORY_HEADROOM of memory free, is the search's goal:
                    among the moves predicted to improve, one that brings levers in line with the
                    goal is credited with a share of the goal's remaining predicted gain, so the
-                   one-lever walk heads for the estimator's optimum instead of the nearest hill
-  goal-jump        when no one-lever move is left worth a trial (in either tier), the estimator's
+                   one-lever walk heads for the model's optimum instead of the nearest hill
+  goal-jump        when no one-lever move is left worth a trial (in either tier), the
                    goal is measured as it is if it is predicted better than the incumbent: a local
                    optimum of one-lever moves (TP down needs CP up to fit) is left in one step
-  recheck          a trial the estimator predicted to clear the noise band that measured a gain
+  recheck          a trial the model predicted to clear the noise band that measured a gain
                    inside it is measured once more before it is judged: one noisy run should not
                    send the walk down another path (the incumbent rule compares means, so two
                    runs need a smaller margin than one; attune.campaign.noise.clears_band)
@@ -46,12 +47,12 @@ Search rules (each can be switched off for ablations, see RULES):
                    incumbent. A refused candidate falls back on the best one without a numerics
                    change (the campaign's fall_back), so the exact-tier gain is found first and never
                    staked on an unprobed float8 verdict
-  goal-first       the first trial after the baseline is the estimator's goal (estimator-goal; a
-                   numerics-tier goal only if the probe passes it) when it is predicted to gain more
-                   than the stopping floor: the walk then refines it one lever at a time. The public
-                   estimator ranks layouts well and misses per-cluster effects, so its best layout is
-                   a better start than the public recipe; if it measures worse, the walk starts from
-                   the baseline as without the rule, one trial later
+  goal-first       the first trial after the baseline is the goal (estimator-goal; a numerics-tier
+                   goal only if the probe passes it; with cluster-fit ranked by the model fitted to
+                   the baseline's breakdown) when it is predicted to gain more than the stopping
+                   floor: the walk then refines it. The model ranks layouts better than it predicts
+                   them, so its best layout is a better start than the public recipe; if it measures
+                   worse, the walk starts from the baseline as without the rule, one trial later
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ from attune.campaign.budget import hours_text
 from attune.levers import Scalar, layout_key, levers_text
 from attune.planners.gate_rules import GateRules
 from attune.planners.base import Observation, PlannerView, Proposal
-from attune.planners.cluster_fit import ClusterModel
+from attune.planners.cluster_fit import ClusterFit, ClusterModel
 from attune.planners.goal import Goal, predicted_gain
 from attune.space import config_for, layout_of
 from attune.lessons.catalog import Lesson, load_lessons, match
@@ -117,7 +118,7 @@ class LessonGuidedPlanner:
         self.model = ClusterModel(fitted="cluster-fit" not in self.disabled)
 
     @property
-    def fit(self):
+    def fit(self) -> ClusterFit:
         return self.model.fit
 
     def propose(self, view: PlannerView) -> Proposal | None:
@@ -136,7 +137,8 @@ class LessonGuidedPlanner:
         self.gate.see(view, probing="gate-probe" not in self.disabled)
         incumbent = layout_of(recipe, view.incumbent)
         floor = self.min_gain if self.min_gain is not None else view.noise_band / 2
-        if "goal-first" not in self.disabled and all(obs.levers == tried[0] for obs in view.history):
+        only_baseline = all(levers == tried[0] for levers in tried)
+        if "goal-first" not in self.disabled and only_baseline:
             first = self.goal.first(view, self.fit, incumbent, floor)
             if first is not None:
                 return first
@@ -148,7 +150,7 @@ class LessonGuidedPlanner:
         if pick is None and exact_first and not self.gate.numerics_open:
             self.gate.numerics_open = True   # the exact-tier walk has converged: now float8 may be tried
             pick = self._pick(view, incumbent, self._worthwhile(view, incumbent, symptoms, tried, floor, doubt))
-        if "regoal" not in self.disabled and not all(obs.levers == tried[0] for obs in view.history):
+        if "regoal" not in self.disabled and not only_baseline:
             best_move = pick.predicted_gain if pick is not None else floor
             again = self.goal.regoal(view, self.fit, incumbent, tried, floor, best_move)
             if again is not None:
@@ -161,8 +163,9 @@ class LessonGuidedPlanner:
             return proposal
         why = (f"lesson {pick.lesson.id}: {pick.lesson.title}" if pick.lesson else "model-ranked one-lever move")
         if pick.goal_credit > 0:
-            why += f" toward the estimator's goal (+{pick.goal_credit:.1%} credit)"
-        fitted = f" (fitted: {self.fit.summary()})" if self.fit.summary() else ""
+            why += f" toward the goal (+{pick.goal_credit:.1%} credit)"
+        corrections = self.fit.summary()
+        fitted = f" (fitted: {corrections})" if corrections else ""
         explored = (f"; explored: within the model's measured error ({doubt:.1%}) of a gain"
                     if pick.score <= floor else "")
         return Proposal(levers=pick.levers, move=pick.move, lesson_id=pick.lesson.id if pick.lesson else None,

@@ -70,3 +70,11 @@ def test_evidence_pulls_the_prior_toward_measured_gains(tmp_path, monkeypatch):
     after = {ls.id: ls.prior for ls in load_lessons()}
     assert after["low-mfu-compile"] < before["low-mfu-compile"]
     assert after["oom-recompute"] == before["oom-recompute"]
+
+
+def test_a_confirmed_gain_must_exceed_the_margin_asked():
+    base = [1000.0, 1010.0, 995.0]
+    three_percent = [1031.0, 1034.0]
+    assert gain_is_real(base, three_percent)[0]
+    assert not gain_is_real(base, three_percent, margin=0.03)[0]     # +3%, but not surely beyond 3%
+    assert gain_is_real(base, [1100.0, 1105.0], margin=0.03)[0]      # +10% clears a 3% band surely

@@ -236,10 +236,10 @@ def best_exact(trials: list[TrialRecord], recipe: Recipe, rel_sd: float | None) 
 
 
 def settle_incumbent(c: Campaign) -> tuple[bool, float]:
-    """Accept the incumbent only if its gain over the baseline is real: a one-sided Welch test of its
-    fresh confirmation runs against the baseline's. The search's own measurement of it is left out:
-    it was chosen for being the best of many noisy measurements, so it is biased upward (the more a
-    campaign explores, the more a noise-sized "gain" wins the search). With one replicate asked there
+    """Accept the incumbent only if its gain over the baseline is real: a one-sided Welch test that its
+    fresh confirmation runs beat the baseline's by more than the noise band (attune.campaign.noise).
+    The search's own measurement of it is left out: it was chosen for being the best of many noisy
+    measurements, so it is biased upward (the more a campaign explores, the more a noise-sized "gain" wins the search). With one replicate asked there
     is nothing fresh, and every measurement counts."""
     incumbent = c.state.incumbent_record
     base = c.state.baseline_tps
@@ -247,10 +247,12 @@ def settle_incumbent(c: Campaign) -> tuple[bool, float]:
         return False, 1.0
     samples = (_confirmations(c, incumbent.levers)
                or [t.tps for t in c.state.measured(incumbent.levers) if t.result.ok])
-    accepted, p = gain_is_real(base, samples)
+    band = c.state.noise_band or 0.0
+    accepted, p = gain_is_real(base, samples, margin=band)
     if not accepted:
         c.state.incumbent = c.state.of_role("baseline")[0].index
         c.state.stop_reason = (c.state.stop_reason or "") + (
-            f"; the best candidate's gain did not clear the noise band on confirmation (p={p:.2f}), baseline kept")
+            f"; the best candidate's gain did not clear the noise band ({band:.1%}) on confirmation (p={p:.2f}), "
+            f"baseline kept")
     c.save()
     return accepted, p

@@ -16,6 +16,8 @@ PUBLIC_8B = REPO / "recipes" / "public" / "llama3_8b.toml"
     (["--disable-rule", "nope"], "--disable-rule"),
     (["--budget-gpu-hours", "-1"], "--budget-gpu-hours"),
     (["--seeds", "0"], "--seeds"),
+    (["--steps", "0"], "--steps: Input should be greater than or equal to 1, got 0"),
+    (["--gate-steps", "1"], "--gate-steps"),
 ])
 def test_bad_bench_requests_exit_2_before_any_campaign(cli, tmp_path, args, needle):
     assert_one_line_error(cli("bench", "--recipes", PUBLIC_8B, *args, "--out", tmp_path / "out"), needle)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from attune.campaign.context import CampaignSettings
 from attune.errors import InputError
 from attune.sim.worlds import DEFAULT_WORLD, world_scale
 
@@ -181,8 +182,8 @@ def bench_cells(recipes: list[BenchRecipe], variants: list[PlannerVariant], seed
     if seeds < 1:
         raise InputError("--seeds", f"must be >= 1, got {seeds}")
     world_scale(world)
-    if steps < 1 or replicates < 1:
-        raise InputError("--steps/--replicates", "must be >= 1")
+    # each campaign's own settings, refused as `attune tune` refuses them (the budget is checked per recipe)
+    CampaignSettings.of(budget_gpu_hours=1.0, steps_per_trial=steps, replicates=replicates, gate_steps=gate_steps)
     # Seed-major, recipes innermost: campaigns that may ship the same candidate (one planner, one
     # recipe, two seeds) run far apart, so the second finds the first's gate verdict in the cache
     # instead of training the same proxy runs at the same time in the other worker.

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from attune.cli.common import emit, quiet_local_prefect
+from attune.cli.common import add_settings_arguments, emit, quiet_local_prefect
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -30,9 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="switch a search rule of the attune planner off (repeatable): "
                         + ", ".join(_rules()))
     p.add_argument("--ablations", action="store_true", help="add attune-no-RULE for every rule (ablation table)")
-    p.add_argument("--steps", type=int, default=10, help="measured steps per trial (default 10)")
-    p.add_argument("--replicates", type=int, default=3, help="baseline and confirmation replicates (default 3)")
-    p.add_argument("--gate-steps", type=int, help="proxy steps for the gate's convergence check")
+    add_settings_arguments(p, only=("steps_per_trial", "replicates", "gate_steps"))   # each campaign's, as tune's
     p.add_argument("--gate-seed", type=int, default=0,
                    help="the gate's proxy seed for every campaign (default 0: a candidate gets one verdict "
                         "whichever planner or seed found it); -1: each campaign's own seed")
@@ -61,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
 
     payload = tuner_benchmark(args.recipes, planners=args.planners, budget_gpu_hours=args.budget_gpu_hours,
                               seeds=args.seeds, world=args.world, cluster=args.cluster, model_spec=args.model_spec,
-                              steps_per_trial=args.steps, replicates=args.replicates, gate_steps=args.gate_steps,
+                              steps_per_trial=args.steps_per_trial, replicates=args.replicates, gate_steps=args.gate_steps,
                               gate_seed=None if args.gate_seed < 0 else args.gate_seed,
                               disabled_rules=args.disable_rule, ablations=args.ablations, workers=args.workers,
                               out=args.out, gate_cache=args.gate_cache, mlflow_uri=args.mlflow_uri,
@@ -77,7 +75,7 @@ def _validate(args: argparse.Namespace) -> None:
 
     variants = parse_planners(args.planners, args.disable_rule, args.ablations)
     recipes = bench_recipes(args.recipes, args.cluster, args.model_spec, args.budget_gpu_hours)
-    bench_cells(recipes, variants, args.seeds, args.steps, args.replicates, args.gate_steps, world=args.world)
+    bench_cells(recipes, variants, args.seeds, args.steps_per_trial, args.replicates, args.gate_steps, world=args.world)
     if args.workers is not None and args.workers < 1:
         raise InputError("--workers", f"must be >= 1, got {args.workers}")
 

@@ -26,15 +26,16 @@ def add_recipe_arguments(parser: argparse.ArgumentParser, with_set: bool = True)
     parser.add_argument("--json", action="store_true", help="print JSON")
 
 
-def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
-    """A flag for every campaign setting that has one, from the settings model itself
-    (attune.campaign.context.CampaignSettings: its flag, type, default and description)."""
+def add_settings_arguments(parser: argparse.ArgumentParser, only: tuple[str, ...] | None = None) -> None:
+    """A flag for every campaign setting that has one (or for the settings named in `only`), from the
+    settings model itself (attune.campaign.context.CampaignSettings: its flag, type, default and
+    description)."""
     from attune.campaign.context import CampaignSettings
 
     for name, info in CampaignSettings.model_fields.items():
         extra = dict(info.json_schema_extra or {})
         flag = extra.pop("flag", None)
-        if flag is None:
+        if flag is None or (only is not None and name not in only):
             continue
         kwargs: dict[str, Any] = {"dest": name, "help": info.description, **extra}
         if kwargs.get("metavar") is None:

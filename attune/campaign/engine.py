@@ -236,11 +236,11 @@ def best_exact(trials: list[TrialRecord], recipe: Recipe, rel_sd: float | None) 
 
 
 def settle_incumbent(c: Campaign) -> tuple[bool, float]:
-    """Accept the incumbent only if its gain over the baseline is real: a one-sided Welch test that its
+    """Accept the incumbent only if its gain over the baseline is real: a one-sided t-test that its
     fresh confirmation runs beat the baseline's by more than the noise band (attune.campaign.noise).
     The search's own measurement of it is left out: it was chosen for being the best of many noisy
-    measurements, so it is biased upward (the more a campaign explores, the more a noise-sized "gain" wins the search). With one replicate asked there
-    is nothing fresh, and every measurement counts."""
+    measurements, so it is biased upward (the more a campaign explores, the more a noise-sized "gain"
+    wins the search). With one replicate asked there is nothing fresh, and every measurement counts."""
     incumbent = c.state.incumbent_record
     base = c.state.baseline_tps
     if incumbent is None or incumbent.role == "baseline":

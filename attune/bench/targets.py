@@ -61,7 +61,7 @@ def check_targets(rows: list[dict], planner: str = "attune", world: str = "reali
             holds = ours["mean_gain"] > 0 and ours["mean_gain"] >= factor * theirs["mean_gain"] - 1e-12
             detail = f"{ours['mean_gain']:+.1%} vs {theirs['mean_gain']:+.1%} (need >= {factor:g}x)"
             oracle = ours.get("headroom")
-            if factor > 1.0 and oracle is not None and theirs["mean_gain"] > 0:
+            if oracle is not None and 0 < theirs["mean_gain"] and oracle < factor * theirs["mean_gain"]:
                 # no planner ships more than the oracle: say when the factor asked is out of anyone's reach
                 detail += f"; the oracle's own {oracle:+.1%} is {oracle / theirs['mean_gain']:.2f}x theirs"
             out.append({"recipe": recipe, "target": f"gain-vs-{other}", "holds": holds, "detail": detail})

@@ -135,3 +135,25 @@ def test_bayes_reports_invalid_layouts_as_failures():
     states = [t.state for t in planner._study.trials]
     assert states[-1] == optuna.trial.TrialState.RUNNING
     assert all(s == optuna.trial.TrialState.FAIL for s in states[:-1])   # every invalid draw told as failed
+
+
+def test_gated_estimator_topk_says_it_stopped_looking_not_that_nothing_was_left(monkeypatch):
+    """After max_skipped layouts the gate would refuse (none proposed between them) the planner
+    gives up on a ranking it has not walked to the end: its stop reason says so, and how far it got."""
+    from attune.planners import baselines
+    from attune.planners.base import PlannerView
+    from attune.space import lever_domains
+
+    recipe = load_campaign_recipe(str(RECIPE))
+    view = PlannerView(recipe=recipe, domains=lever_domains(recipe), history=[], incumbent=recipe.layout().levers(),
+                       incumbent_tps=1.0, noise_band=0.01, budget_left_gpu_hours=100.0)
+    monkeypatch.setattr(baselines, "gate_allows", lambda gate, recipe, levers: False)
+    ranked = [{"layout": i} for i in range(10)]
+
+    gave_up = baselines.EstimatorTopK(max_skipped=3, _ranked=ranked)
+    assert gave_up.propose(view) is None
+    assert not gave_up.stop_reason.startswith("no moves left"), gave_up.stop_reason
+    assert "3 layouts" in gave_up.stop_reason and "3 of 10 ranked layouts examined" in gave_up.stop_reason
+
+    walked = baselines.EstimatorTopK(max_skipped=30, _ranked=ranked)
+    assert walked.propose(view) is None and walked.stop_reason.startswith("no moves left")

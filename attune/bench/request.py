@@ -173,12 +173,26 @@ def write_tuned_recipe(recipe: BenchRecipe, oracle: dict, folder: Path) -> str:
     return str(path)
 
 
+def _clusters_of(recipe: BenchRecipe, seeds: int, world: str, clusters: dict[str, list[int]] | None) -> list[int]:
+    """The recipe's cluster seeds: the cluster search's when it ran, else s + 1 for seed s. An empty
+    list is its answer, not a missing one: clusters 1..N would be ones the recipe does not run on
+    (and a tuned recipe has no tuned file there), so the recipe is refused by name."""
+    if clusters is None or recipe.label not in clusters:
+        return [s + 1 for s in range(seeds)]
+    if not clusters[recipe.label]:
+        raise InputError("--recipes", f"{recipe.label}: its own layout runs on none of the {world!r} world's "
+                                      f"sibling clusters tried (a campaign needs a recipe that runs); drop it "
+                                      f"or benchmark it in an easier world")
+    return clusters[recipe.label]
+
+
 def bench_cells(recipes: list[BenchRecipe], variants: list[PlannerVariant], seeds: int, steps: int = 10,
                 replicates: int = 3, gate_steps: int | None = None, gate_seed: int | None = 0,
                 world: str = DEFAULT_WORLD, clusters: dict[str, list[int]] | None = None,
                 tuned_paths: dict[str, str] | None = None) -> list[BenchCell]:
     """Every campaign. `clusters` maps a recipe's label to the cluster_seed of each seed (default
-    s + 1); `tuned_paths` maps oracle_key(label, cluster_seed) of a tuned recipe to its file."""
+    s + 1; a recipe it maps to none is refused); `tuned_paths` maps oracle_key(label, cluster_seed)
+    of a tuned recipe to its file."""
     if seeds < 1:
         raise InputError("--seeds", f"must be >= 1, got {seeds}")
     world_scale(world)
@@ -187,8 +201,8 @@ def bench_cells(recipes: list[BenchRecipe], variants: list[PlannerVariant], seed
     # Seed-major, recipes innermost: campaigns that may ship the same candidate (one planner, one
     # recipe, two seeds) run far apart, so the second finds the first's gate verdict in the cache
     # instead of training the same proxy runs at the same time in the other worker.
-    tuned_paths, clusters = tuned_paths or {}, clusters or {}
-    cluster = {r.label: clusters.get(r.label) or [s + 1 for s in range(seeds)] for r in recipes}
+    cluster = {r.label: _clusters_of(r, seeds, world, clusters) for r in recipes}
+    tuned_paths = tuned_paths or {}
     return [BenchCell(recipe=r, variant=v, seed=s, world=world, cluster_seed=cluster[r.label][s],
                       tuned_path=tuned_paths.get(oracle_key(r.label, cluster[r.label][s])),
                       steps_per_trial=steps, replicates=replicates, gate_steps=gate_steps, gate_seed=gate_seed)

@@ -228,8 +228,11 @@ class EstimatorTopK:
                 continue
             if self.gated and not gate_allows(self.gate, view.recipe, levers):
                 skipped += 1
-                if skipped >= self.max_skipped:
-                    break
+                if skipped >= self.max_skipped:   # the ranking is not exhausted: say how far it got
+                    self.stop_reason = (f"stopped looking after {skipped:,} layouts the gate would refuse since "
+                                        f"the last proposal; {self._next:,} of {len(self._ranked):,} ranked "
+                                        f"layouts examined")
+                    return None
                 continue
             if _affordable(view, levers):
                 self._proposed.append(layout_key(levers))

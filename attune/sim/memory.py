@@ -47,16 +47,19 @@ def _per_token_layer(model: ModelSpec, p: MemoryParams, imbalance: np.ndarray) -
 def _first_chunk_relief(model: ModelSpec, la: LayoutArrays, sh: Shapes) -> np.ndarray:
     """Layer-micro-batches the first stage does NOT hold when the pipeline split counts the embedding
     as a layer (Megatron's account_for_embedding/loss_in_pipeline_split, which Megatron-Bridge sets
-    for its large MoE recipes, where L + 2 divides into the pipeline's chunks): its first chunk holds
-    one decoder layer fewer, so each micro-batch in
-    flight on that chunk saves one layer less. Megatron runs pp micro-batches per chunk in turn, so
-    during the warm-up of an interleaved schedule the first chunk sees 2·pp - 1 of them, with 1F1B pp,
-    with GPipe all; busiest-stage layers (shapes.layers) already match ceil((L + 2) / (pp·v))·v."""
+    for its large MoE recipes, where L + 2 divides into the pipeline's chunks). The split gives each
+    of the pp·v chunks (L + 2) / (pp·v) slots and the embedding one slot of the first chunk, so the
+    first stage holds (L + 2) / pp - 1 decoder layers; the busiest-stage count (shapes.layers,
+    ceil(L / (pp·v))·v) is one more than that, except with pp·v = 2, where ceil(L / 2) already is
+    (L + 2) / 2 - 1. That layer is missing from the first chunk: each micro-batch in flight there
+    saves one layer less. Megatron runs pp micro-batches per chunk in turn, so during the warm-up of an
+    interleaved schedule the first chunk sees 2·pp - 1 of them, with 1F1B pp, with GPipe all."""
     interleaved = INTERLEAVED_CODES[la.sched] & (sh.v > 1)
     on_first_chunk = np.where(la.sched == GPIPE, sh.m,
                               np.minimum(sh.m, np.where(interleaved, 2.0 * sh.pp - 1.0, sh.pp)))
     splits = np.mod(model.n_layers + 2, sh.pp * sh.v) == 0   # Megatron refuses the flags otherwise
-    return np.where(sh.piped & splits, on_first_chunk, 0.0)
+    first_stage = (model.n_layers + 2) / sh.pp - 1.0
+    return np.where(sh.piped & splits, (sh.layers - first_stage) * on_first_chunk, 0.0)
 
 
 def peak_memory(model: ModelSpec, la: LayoutArrays, sh: Shapes, p: MemoryParams, eff: StackEfficiency,

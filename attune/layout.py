@@ -100,9 +100,9 @@ def layout_violations(layout: Layout, model: ModelSpec, cluster: ClusterSpec) ->
             out.append((key, f"must be >= 1, got {value}"))
     if out:
         return out
-    others = layout.dp_replicate * layout.cp * layout.tp * layout.pp
-    if layout.dp_shard < 1:
-        out.append((DP_SHARD, f"dp_replicate·cp·tp·pp = {others} must divide the cluster's {cluster.gpus} GPUs"))
+    splits = (layout.dp_replicate, layout.cp, layout.tp, layout.pp)
+    if layout.dp_shard < 1 or any(cluster.gpus % d for d in splits):
+        out.append(_world_split_violation(layout, cluster.gpus))
     elif layout.world != cluster.gpus:
         out.append((DP_SHARD, f"world size dp_replicate·dp_shard·cp·tp·pp = {layout.world} "
                               f"must equal the cluster's {cluster.gpus} GPUs"))
@@ -132,6 +132,21 @@ def layout_violations(layout: Layout, model: ModelSpec, cluster: ClusterSpec) ->
     if layout.float8 != "none" and not cluster.part.supports_float8:
         out.append((FLOAT8, f"{cluster.accelerator} has no float8 tensor cores"))
     return out
+
+
+def _world_split_violation(layout: Layout, gpus: int) -> tuple[str, str]:
+    """dp_shard = -1 has nothing left to take: blame the degree the user set, not dp_shard (which
+    was derived). A degree that alone does not divide the GPUs is named; when each divides but
+    their product does not, the largest of them is."""
+    degrees = {TP: ("tp", layout.tp), PP: ("pp", layout.pp), CP: ("cp", layout.cp),
+               DP_REPLICATE: ("dp_replicate", layout.dp_replicate)}
+    others = layout.dp_replicate * layout.cp * layout.tp * layout.pp
+    for key, (short, value) in degrees.items():
+        if gpus % value:
+            return key, f"{short}={value} must divide the cluster's {gpus} GPUs"
+    key = max(degrees, key=lambda k: degrees[k][1])
+    return key, (f"dp_replicate·cp·tp·pp = {others} must divide the cluster's {gpus} GPUs "
+                 f"(lower {degrees[key][0]}={degrees[key][1]})")
 
 
 def resolve_layout(config: dict[str, Scalar], model: ModelSpec, cluster: ClusterSpec,

@@ -7,19 +7,21 @@ Recipe files are TOML in the shape documented in the README; `load_recipe` reads
 from __future__ import annotations
 
 import functools
+import math
 import tomllib
 from pathlib import Path
 from typing import Any
 
 import tomli_w
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
+from attune.data_files import read_text
 from attune.errors import InputError
 from attune.files import atomic_write_text
 from attune.layout import Layout, resolve_layout
-from attune.levers import Scalar
+from attune.levers import Scalar, check_config_key
 from attune.spec import ClusterSpec, ModelSpec, StackSpec, catalog_model, load_model_spec
-from attune.validation import first_error
+from attune.validation import first_error, name_rule
 
 
 class TorchtitanLaunch(BaseModel):
@@ -38,6 +40,11 @@ class Recipe(BaseModel):
     stack: StackSpec
     torchtitan: TorchtitanLaunch | None = None
     config: dict[str, Scalar] = {}
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, value: str) -> str:
+        return name_rule(value)
 
     @model_validator(mode="after")
     def _one_model(self) -> "Recipe":
@@ -85,15 +92,25 @@ def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Scalar]:
             out |= _flatten(value, dotted + ".")
         elif isinstance(value, (list, tuple)):
             raise InputError(f"config.{dotted}", "recipe config values must be scalars")
+        elif isinstance(value, float) and not math.isfinite(value):
+            # TOML has inf and nan; no torchtitan field means either, and JSON output cannot carry them
+            raise InputError(f"config.{dotted}", f"must be a finite number, got {value}")
         else:
             out[dotted] = value
     return out
 
 
+def _config(table: dict[str, Any], origin: str) -> dict[str, Scalar]:
+    try:
+        return _flatten(table)
+    except InputError as err:
+        raise InputError(f"{origin}: {err.field}", err.rule) from None
+
+
 def recipe_from_dict(raw: dict[str, Any], base_dir: Path | None = None, origin: str = "recipe") -> Recipe:
     raw = dict(raw)
     if isinstance(raw.get("config"), dict):
-        raw["config"] = _flatten(raw["config"])
+        raw["config"] = _config(raw["config"], origin)
     if raw.get("model_spec") and base_dir is not None:
         raw["model_spec"] = str((base_dir / raw["model_spec"]).resolve())
     try:
@@ -110,13 +127,17 @@ def recipe_from_dict(raw: dict[str, Any], base_dir: Path | None = None, origin: 
 
 
 def load_recipe(path: Path | str) -> Recipe:
+    """A recipe file as users write them: its [config] keys must be fields ATTUNE knows (a typo
+    would otherwise be shipped as written and never take effect)."""
     path = Path(path)
-    if not path.is_file():
-        raise InputError(str(path), "recipe file not found")
+    text = read_text(path, "recipe file")
     try:
-        raw = tomllib.loads(path.read_text())
+        raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise InputError(str(path), f"not valid TOML ({err})") from None
+    if isinstance(raw.get("config"), dict):
+        for key in _config(raw["config"], str(path)):
+            check_config_key(key, f"{path}: config.{key}")
     return recipe_from_dict(raw, base_dir=path.parent, origin=str(path))
 
 

@@ -29,7 +29,7 @@ from attune.sim.space_arrays import space_arrays  # noqa: E402
 
 def recipe(model: str, accel: str, gpus: int, **config):
     cfg = {k.replace("__", "."): v for k, v in config.items()}
-    return recipe_from_dict({"name": f"{model}@{accel}:{gpus}", "model": model,
+    return recipe_from_dict({"name": f"{model}-{accel}x{gpus}", "model": model,  # a recipe name is a safe name
                              "cluster": {"accelerator": accel, "gpus": gpus},
                              "stack": {"torch": "2.13.0", "torchtitan": "0.3.0"}, "config": cfg})
 

@@ -19,7 +19,7 @@ def test_dp_shard_takes_what_is_left_and_global_batch_defaults_to_local_times_dp
 
 
 @pytest.mark.parametrize("config, field", [
-    ({TP: 3}, DP_SHARD),                                          # 3 does not divide 8 GPUs
+    ({TP: 3}, TP),                                                # 3 does not divide 8 GPUs: tp is named
     ({DP_SHARD: 2}, DP_SHARD),                                    # world 2 != 8
     ({"parallelism.pipeline_parallel_degree": 8, "parallelism.pipeline_parallel_schedule": "Interleaved1F1B",
       "parallelism.pipeline_parallel_microbatch_size": 3, LOCAL_BATCH: 4}, "parallelism.pipeline_parallel_microbatch_size"),

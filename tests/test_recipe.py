@@ -55,8 +55,9 @@ def test_unknown_key_is_one_line_exit_2(cli, write_recipe):
 
 
 def test_impossible_degree_is_one_line_exit_2(cli, write_recipe):
+    # tp=3 does not divide the 8 GPUs: the error names the degree the user set, not the derived dp_shard
     assert_one_line_error(cli("recipe", "show", write_recipe(), "--set", "parallelism.tensor_parallel_degree=3"),
-                          "data_parallel_shard_degree")
+                          "tensor_parallel_degree")
 
 
 def test_missing_file_and_missing_spec(cli, write_recipe):

@@ -13,7 +13,7 @@ import pytest
 from attune.errors import InputError
 from attune.recipe import load_recipe
 from attune.store import (StoreEntry, StoreError, cost_per_million_tokens, default_store_uri, entry_for_recipe,
-                          open_store, rank)
+                          open_store, rank, store_location)
 from attune.store.local import LocalBlobs
 from attune.store.s3 import S3Blobs
 
@@ -48,7 +48,7 @@ def test_entry_derives_fingerprint_and_cost_and_refuses_bad_fields():
     assert entry.key == f"recipes/llama3.1-8b/h100x8/{entry.stack_fingerprint}/entry.json"
     assert entry.cluster_label == "h100:8"
     for bad, needle in [({"stack_fingerprint": "000000000000"}, "does not match"),
-                        ({"accelerator": "tpu9"}, "unknown accelerator"), ({"model": "../etc"}, "must match"),
+                        ({"accelerator": "tpu9"}, "unknown accelerator"), ({"model": "../etc"}, "must be letters"),
                         ({"mfu": 41.0}, "less than or equal"), ({"measured_at": "yesterday"}, "ISO 8601"),
                         ({"typo_field": 1}, "Extra inputs")]:
         with pytest.raises(ValueError, match=needle):
@@ -138,6 +138,39 @@ def test_open_store_uris(tmp_path, monkeypatch):
     for bad in ("s3://", "gs://bucket/x"):
         with pytest.raises(InputError, match="--store"):
             open_store(bad)
+
+
+@pytest.mark.parametrize("uri, needle", [
+    ("ftp://host/x", "ftp://"), ("s3://", "s3://BUCKET"), ("s3://Bad_Bucket/x", "bucket name"),
+    ("s3://bucket-name/../up", "prefix"), ("s3://bucket-name/a//b", "prefix")])
+def test_store_location_refuses_bad_uris_without_touching_anything(uri, needle):
+    with pytest.raises(InputError, match="--store") as err:
+        store_location(uri)
+    assert needle in str(err.value)
+
+
+def test_store_location_refuses_a_file_for_a_folder(tmp_path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(InputError, match="is a file"):
+        store_location(str(tmp_path / "f"))
+    assert store_location(str(tmp_path / "new")) == ("folder", str(tmp_path / "new"), "")
+
+
+@pytest.mark.parametrize("key", ["../escape.json", "recipes/../../x", "/etc/passwd", "a//b", "x\n", ".hidden",
+                                 "recipes/bad name/entry.json", ""])
+def test_back_ends_refuse_keys_that_are_not_safe_names(tmp_path, key):
+    """Defence in depth: whatever a caller builds a key from, no back end reads or writes outside its root."""
+    blobs = LocalBlobs(tmp_path / "store")
+    for call in (lambda: blobs.read(key), lambda: blobs.write(key, b"x"), lambda: blobs.write_if(key, b"x", None)):
+        with pytest.raises(StoreError, match="names of letters"):
+            call()
+    s3 = S3Blobs("bucket-name", "team", client=object())
+    if key:
+        with pytest.raises(StoreError, match="names of letters"):
+            s3.read(key)
+    with pytest.raises(InputError, match="store key"):
+        open_store(str(tmp_path / "store")).put_blob(key, b"x")
+    assert not (tmp_path / "escape.json").exists() and list(tmp_path.rglob("*")) == []
 
 
 def _writer(uri: str, payload: str, barrier, results) -> None:

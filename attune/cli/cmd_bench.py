@@ -11,6 +11,8 @@ import os
 
 from attune.cli.common import add_settings_arguments, emit, quiet_local_prefect
 
+MAX_SEEDS = 1_000
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("bench", help="benchmark planners on the sim stack (simulated results)")
@@ -71,8 +73,21 @@ def run(args: argparse.Namespace) -> int:
 def _validate(args: argparse.Namespace) -> None:
     """Every refusal happens here, before a flow run or a worker exists."""
     from attune.bench.request import bench_cells, bench_recipes, parse_planners
+    from attune.campaign.context import CampaignSettings
+    from attune.cli.common import check_tracking_uri
     from attune.errors import InputError
 
+    # each campaign's budget and gate seed, refused as `attune tune` refuses them (> 0 and finite; < 2^32)
+    if args.budget_gpu_hours is not None:
+        CampaignSettings.of(budget_gpu_hours=args.budget_gpu_hours)
+    try:
+        CampaignSettings.of(budget_gpu_hours=1.0, gate_seed=None if args.gate_seed < 0 else args.gate_seed)
+    except InputError as err:   # the setting has no flag of its own in `attune tune`
+        raise InputError("--gate-seed", err.rule) from None
+    if args.seeds > MAX_SEEDS:   # one campaign per seed, recipe and planner: a typo here is days of work
+        raise InputError("--seeds", f"must be at most {MAX_SEEDS}, got {args.seeds}")
+    if args.mlflow_uri:
+        check_tracking_uri(args.mlflow_uri)
     variants = parse_planners(args.planners, args.disable_rule, args.ablations)
     recipes = bench_recipes(args.recipes, args.cluster, args.model_spec, args.budget_gpu_hours)
     bench_cells(recipes, variants, args.seeds, args.steps_per_trial, args.replicates, args.gate_steps, world=args.world)

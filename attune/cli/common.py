@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from attune.errors import InputError
 from attune.layout import adapt_to_cluster, apply_levers
@@ -56,12 +57,66 @@ def add_settings_arguments(parser: argparse.ArgumentParser, only: tuple[str, ...
 
 def settings_from_args(args: argparse.Namespace, **extra: Any):
     """The campaign's settings from the flags add_settings_arguments added (plus `extra` that other
-    flags decide), or an InputError naming the flag of the first bad one."""
+    flags decide), or an InputError naming the flag of the first bad one. The flags that say where a
+    campaign writes (--out, --store, --mlflow-uri, where the command has them) are checked here too:
+    a campaign must not run for an hour and then fail to write its result."""
     from attune.campaign.context import CampaignSettings
 
     values = {name: getattr(args, name) for name, info in CampaignSettings.model_fields.items()
               if (info.json_schema_extra or {}).get("flag") and hasattr(args, name)}
-    return CampaignSettings.of(**values, **extra)
+    settings = CampaignSettings.of(**values, **extra)
+    check_destination_flags(args)
+    return settings
+
+
+def check_destination_flags(args: argparse.Namespace) -> None:
+    """Refuse a bad --out (a file to write), --store or --mlflow-uri before anything runs or is created."""
+    from attune.store import store_location
+
+    if getattr(args, "out", None):
+        check_out_file(args.out)
+    if getattr(args, "store", None):
+        store_location(args.store)
+    if getattr(args, "mlflow_uri", None):
+        check_tracking_uri(args.mlflow_uri)
+
+
+def check_out_file(out: str, flag: str = "--out") -> Path:
+    """A file path to write later: not a folder, in a folder that exists (a typo in the folder
+    would otherwise be created, or fail only at the end)."""
+    path = Path(out)
+    if path.is_dir():
+        raise InputError(flag, f"{out} is a directory; name the file to write, e.g. {path / 'shipped.toml'}")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.exists():
+        raise InputError(flag, f"the folder {parent} does not exist")
+    if not parent.is_dir():
+        raise InputError(flag, f"{parent} is not a folder")
+    return path
+
+
+# What MLflow's tracking client opens (a scheme may carry a driver: postgresql+psycopg2://...).
+TRACKING_SCHEMES = ("http", "https", "sqlite", "file", "postgresql", "mysql", "mssql", "databricks")
+
+
+def check_tracking_uri(uri: str, flag: str = "--mlflow-uri") -> str:
+    """A tracking URI MLflow can open: a known scheme, a host for http(s), a path for sqlite/file.
+    Without this, a typo starts a campaign and fails (or tracks into a stray folder) later."""
+    if uri in ("databricks", "databricks-uc"):
+        return uri
+    parts = urlsplit(uri)
+    scheme = parts.scheme.lower().split("+")[0]
+    example = "e.g. sqlite:///path/mlflow.db or http://host:5000"
+    if not parts.scheme:
+        raise InputError(flag, f"{uri!r} is not a URI; {example}")
+    if scheme not in TRACKING_SCHEMES:
+        raise InputError(flag, f"{parts.scheme}:// is not a tracking URI scheme MLflow opens "
+                               f"({', '.join(TRACKING_SCHEMES)}); {example}")
+    if scheme in ("http", "https") and not parts.hostname:
+        raise InputError(flag, f"{uri!r} names no host; {example}")
+    if scheme in ("sqlite", "file") and not parts.path.strip("/"):
+        raise InputError(flag, f"{uri!r} names no file; {example}")
+    return uri
 
 
 def add_sim_cluster_arguments(parser: argparse.ArgumentParser) -> None:

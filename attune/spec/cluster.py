@@ -5,10 +5,16 @@ from __future__ import annotations
 import os
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from attune.data_files import load_data, read_toml
 from attune.errors import InputError
+from attune.validation import first_error
+
+# No training cluster is near a million GPUs: a count above this is a typo (1e9 for 1e3), refused
+# at once rather than after a budget estimate for a billion GPUs.
+MAX_GPUS = 1 << 20
+MAX_GPUS_PER_NODE = 1024
 
 AcceleratorName = Literal["a100", "h100", "h200", "b200", "cpu"]
 
@@ -52,12 +58,13 @@ class ClusterSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     accelerator: AcceleratorName
-    gpus: int = Field(gt=0)
-    gpus_per_node: int = Field(default=8, gt=0)
-    hbm_gib: float | None = Field(default=None, gt=0)
-    intra_node_gbps: float | None = Field(default=None, gt=0)
-    inter_node_gbps: float | None = Field(default=None, gt=0)
-    price_per_gpu_hour: float | None = Field(default=None, gt=0)
+    # strict: gpus = 64.0 or 1e9 is a float in TOML; taking it as an integer would hide the typo
+    gpus: int = Field(gt=0, le=MAX_GPUS, strict=True)
+    gpus_per_node: int = Field(default=8, gt=0, le=MAX_GPUS_PER_NODE, strict=True)
+    hbm_gib: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    intra_node_gbps: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    inter_node_gbps: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    price_per_gpu_hour: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _whole_nodes(self) -> "ClusterSpec":
@@ -97,11 +104,16 @@ class ClusterSpec(BaseModel):
 def parse_cluster_flag(value: str, base: ClusterSpec | None = None) -> ClusterSpec:
     """`--cluster h200:128` (or just `h200`, keeping the GPU count): a new cluster, other fields default."""
     name, _, count = value.partition(":")
-    accelerator(name)  # raises a clear error for an unknown part
+    try:
+        accelerator(name)
+    except InputError as err:  # the flag is what the user typed, so the error names it
+        raise InputError("--cluster", err.rule) from None
     if count:
-        if not count.isdigit() or int(count) <= 0:
+        if not count.isascii() or not count.isdigit() or int(count) <= 0:
             raise InputError("--cluster", f"GPU count must be a positive integer, got {count!r}")
         gpus = int(count)
+        if gpus > MAX_GPUS:
+            raise InputError("--cluster", f"GPU count must be at most {MAX_GPUS}, got {gpus}")
     elif base is not None:
         gpus = base.gpus
     else:
@@ -109,4 +121,7 @@ def parse_cluster_flag(value: str, base: ClusterSpec | None = None) -> ClusterSp
     per_node = base.gpus_per_node if base is not None else 8
     if gpus > per_node and gpus % per_node:
         raise InputError("--cluster", f"GPU count {gpus} must be a multiple of gpus_per_node ({per_node})")
-    return ClusterSpec(accelerator=name, gpus=gpus, gpus_per_node=per_node)
+    try:
+        return ClusterSpec(accelerator=name, gpus=gpus, gpus_per_node=per_node)
+    except ValidationError as err:
+        raise InputError("--cluster", ": ".join(first_error(err))) from None

@@ -5,17 +5,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from attune.data_files import load_data, read_toml
+from attune.data_files import load_data, read_text, read_toml
 from attune.errors import InputError
-from attune.validation import first_error
+from attune.validation import first_error, name_rule
 
 
 class ModelSpec(BaseModel):
     """A decoder-only transformer. MoE models set n_experts > 0; their first n_dense_layers are dense."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: a count written 4096.0 or "4096" is a mistake to report, not a value to round
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     name: str
     n_layers: int = Field(gt=0)
@@ -30,6 +31,12 @@ class ModelSpec(BaseModel):
     moe_ffn_dim: int = Field(default=0, ge=0)
     n_shared_experts: int = Field(default=0, ge=0)
     n_dense_layers: int = Field(default=0, ge=0)
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, value: str) -> str:
+        # The model name is a store key part (recipes/<model>/...) and a leaderboard row
+        return name_rule(value, "model name")
 
     @model_validator(mode="after")
     def _consistent(self) -> "ModelSpec":
@@ -100,15 +107,13 @@ def catalog_model(name: str) -> ModelSpec:
 def load_model_spec(path: Path | str) -> ModelSpec:
     """A model spec file, JSON or TOML, with exactly the ModelSpec keys."""
     path = Path(path)
-    if not path.is_file():
-        raise InputError(str(path), "model spec file not found")
     if path.suffix == ".json":
         try:
-            raw = json.loads(path.read_text())
+            raw = json.loads(read_text(path, "model spec file"))
         except json.JSONDecodeError as err:
             raise InputError(str(path), f"not valid JSON ({err.msg} at line {err.lineno})") from None
     else:
-        raw = read_toml(path)
+        raw = read_toml(path, "model spec file")
     if not isinstance(raw, dict):
         raise InputError(str(path), "a model spec must be an object of keys")
     try:

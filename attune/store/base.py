@@ -113,9 +113,10 @@ class RecipeStore:
 
     def put_blob(self, key: str, data: bytes, content_type: str | None = None) -> str:
         """Write a file (a published page) at `key` inside the store; returns where it went."""
-        parts = key.split("/")
-        if not all(SEGMENT.match(p) for p in parts):
-            raise InputError("store key", f"{key!r}: use /-separated names of letters, digits, . _ -")
+        try:
+            check_key(key)
+        except ValueError as err:
+            raise InputError("store key", str(err)) from None
         self.blobs.write(key, data, content_type or _content_type(key))
         return f"{self.location.rstrip('/')}/{key}"
 
@@ -143,6 +144,16 @@ class RecipeStore:
             item = err.errors()[0]
             where = ".".join(map(str, item.get("loc", ()))) or "entry"
             raise StoreError(self.location, f"{key}: not a valid entry ({where}: {item['msg']})") from None
+
+
+def check_key(key: str) -> str:
+    """`key` if every /-separated part is a safe name (entry.SEGMENT), else ValueError. The back ends
+    call it on every key they touch: whatever a caller builds a key from, it stays inside the store's
+    folder or prefix (no '..', no absolute path, no empty part, nothing that needs quoting)."""
+    if not all(SEGMENT.match(part) for part in key.split("/")):
+        raise ValueError(f"{key!r}: use /-separated names of letters, digits, . _ - (each starting with a "
+                         f"letter or digit)")
+    return key
 
 
 def encode(entry: StoreEntry) -> bytes:

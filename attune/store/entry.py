@@ -15,9 +15,11 @@ from attune.errors import InputError
 from attune.levers import Scalar, speed_levers
 from attune.spec import StackSpec, accelerator
 from attune.spec.cluster import default_price
+from attune.validation import name_rule
 
 # Key segments become folder names and S3 key parts: keep them to characters that need no quoting.
-SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# \Z, not $: `$` also matches before a trailing newline, and "model\n" must not pass.
+SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 
 
 def cost_per_million_tokens(accelerator_name: str, gpus: int, tokens_per_sec_per_gpu: float,
@@ -66,9 +68,7 @@ class StoreEntry(BaseModel):
     @field_validator("model")
     @classmethod
     def _safe_model(cls, value: str) -> str:
-        if not SEGMENT.match(value):
-            raise ValueError(f"model name {value!r} must match {SEGMENT.pattern} (it names a folder / S3 key)")
-        return value
+        return name_rule(value, "model name")  # the rule ModelSpec.name follows: it names a folder / S3 key
 
     @field_validator("accelerator")
     @classmethod

@@ -18,7 +18,7 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
-from attune.store.base import StoreError
+from attune.store.base import StoreError, check_key
 
 
 class LocalBlobs:
@@ -29,16 +29,24 @@ class LocalBlobs:
     def __repr__(self) -> str:
         return f"LocalBlobs({self.location!r})"
 
+    def _path(self, key: str) -> Path:
+        """The file of `key`, never outside the root (a key part such as '..' is refused)."""
+        try:
+            return self.root / check_key(key)
+        except ValueError as err:
+            raise StoreError(self.location, str(err)) from None
+
     def read(self, key: str) -> tuple[bytes, str] | None:
+        path = self._path(key)
         with self._errors(key):
             try:
-                data = (self.root / key).read_bytes()
+                data = path.read_bytes()
             except (FileNotFoundError, NotADirectoryError):
                 return None
         return data, _version(data)
 
     def write_if(self, key: str, data: bytes, expect: str | None) -> bool:
-        path = self.root / key
+        path = self._path(key)
         with self._errors(key), _folder(path) as folder:
             fcntl.flock(folder, fcntl.LOCK_EX)  # released when the folder descriptor closes
             current = self.read(key)
@@ -48,7 +56,7 @@ class LocalBlobs:
             return True
 
     def write(self, key: str, data: bytes, content_type: str = "") -> None:
-        path = self.root / key
+        path = self._path(key)
         with self._errors(key), _folder(path) as folder:
             _replace(path, data, folder)
 
@@ -60,7 +68,7 @@ class LocalBlobs:
             raise StoreError(self.location, f"{key}: {err.strerror or err}") from None
 
     def keys(self, prefix: str) -> list[str]:
-        base = self.root / prefix
+        base = self._path(prefix.rstrip("/")) if prefix.strip("/") else self.root
         if not base.is_dir():
             return []
         return [p.relative_to(self.root).as_posix() for p in base.rglob("*")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
-from attune.store.base import StoreError
+from attune.store.base import StoreError, check_key
 
 LOST_RACE = {"PreconditionFailed", "ConditionalRequestConflict", "412", "409"}
 MISSING = {"NoSuchKey", "404", "NotFound"}
@@ -33,11 +33,18 @@ class S3Blobs:
         return f"S3Blobs({self.location!r})"
 
     def _key(self, key: str) -> str:
+        """The object key of `key`, never outside the prefix (a key part such as '..' is refused)."""
+        try:
+            check_key(key.rstrip("/")) if key.strip("/") else None
+        except ValueError as err:
+            raise StoreError(self.location, str(err)) from None
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def read(self, key: str) -> tuple[bytes, str] | None:
+        name = self._key(key)
+
         def get():
-            reply = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
+            reply = self._client.get_object(Bucket=self.bucket, Key=name)
             return reply["Body"].read(), reply["ETag"]
 
         found, err = _send(get)
@@ -49,7 +56,8 @@ class S3Blobs:
 
     def write_if(self, key: str, data: bytes, expect: str | None) -> bool:
         condition = {"IfNoneMatch": "*"} if expect is None else {"IfMatch": expect}
-        _, err = _send(lambda: self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data,
+        name = self._key(key)
+        _, err = _send(lambda: self._client.put_object(Bucket=self.bucket, Key=name, Body=data,
                                                        ContentType="application/json", **condition))
         if err is None:
             return True
@@ -58,14 +66,17 @@ class S3Blobs:
         raise self._error("PutObject", key, err)
 
     def write(self, key: str, data: bytes, content_type: str) -> None:
-        _, err = _send(lambda: self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data,
+        name = self._key(key)
+        _, err = _send(lambda: self._client.put_object(Bucket=self.bucket, Key=name, Body=data,
                                                        ContentType=content_type))
         if err is not None:
             raise self._error("PutObject", key, err)
 
     def keys(self, prefix: str) -> list[str]:
+        name = self._key(prefix)
+
         def listing():
-            pages = self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self._key(prefix))
+            pages = self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=name)
             return [item["Key"] for page in pages for item in page.get("Contents", [])]
 
         found, err = _send(listing)

@@ -8,7 +8,10 @@ never half of one.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -27,3 +30,22 @@ def atomic_write_text(path: Path | str, text: str) -> Path:
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+@contextlib.contextmanager
+def locked(lock_path: Path | str, blocking: bool = True) -> Iterator[bool]:
+    """Hold an exclusive lock on `lock_path` (created if missing) while the block runs: processes
+    that share a file take turns. Non-blocking, it yields False at once when another process holds
+    it. The kernel drops the lock when its holder dies, so a killed process never leaves it held."""
+    lock_path = Path(lock_path)
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

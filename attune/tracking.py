@@ -3,6 +3,11 @@
 Defaults need no server: a SQLite file under $ATTUNE_HOME (mlflow.db) with artifacts beside it;
 `--mlflow-uri` (or MLFLOW_TRACKING_URI) points at a real server. Uses MlflowClient directly: no
 global active-run state, one batched call per trial's params and metrics.
+
+A campaign killed between saving a trial and logging it resumes by logging what is missing: every
+run carries the campaign's id and its trial's index as tags, so a run logged before the kill (its
+id never saved) is found and kept, and one cut off half-way is deleted and logged again. One run
+per trial, whenever the process died.
 """
 
 from __future__ import annotations
@@ -10,11 +15,12 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from attune.campaign.state import CampaignState, TrialRecord
-from attune.files import attune_home
+from attune.files import attune_home, locked
 
 EXPERIMENT = "attune-campaigns"
 SECRET_MARKERS = ("KEY", "SECRET", "TOKEN", "PASSWORD")
@@ -33,7 +39,16 @@ class Tracker:
     def __init__(self, uri: str | None = None, experiment: str = EXPERIMENT):
         self.uri = uri or default_uri()
         if self.uri.startswith("sqlite:///"):
-            Path(self.uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+            # two first campaigns on one new file both create MLflow's tables; one would die with
+            # "table ... already exists": the first to hold the lock creates them, the other finds them
+            database = Path(self.uri.removeprefix("sqlite:///"))
+            database.parent.mkdir(parents=True, exist_ok=True)
+            with locked(database.with_name(database.name + ".lock")):
+                self._open(experiment)
+        else:
+            self._open(experiment)
+
+    def _open(self, experiment: str) -> None:
         self.client = _client(self.uri)
         found = self.client.get_experiment_by_name(experiment)
         if found is None:
@@ -46,14 +61,46 @@ class Tracker:
         else:
             self.experiment_id = found.experiment_id
 
+    def _find(self, filter_string: str) -> list:
+        return self.client.search_runs([self.experiment_id], filter_string=filter_string, max_results=1000)
+
     def campaign_run(self, state: CampaignState, tags: dict[str, str]) -> str:
-        """The campaign's parent run: resumed when the state already names one."""
+        """The campaign's parent run: resumed when the state already names one, or found by the
+        campaign's id when the process died before saving its id."""
         if state.mlflow_run_id:
             return state.mlflow_run_id
+        for run in self._find(f"tags.`attune.campaign_id` = '{state.campaign_id}' and tags.`attune.parent` = 'true'"):
+            return run.info.run_id
         run = self.client.create_run(self.experiment_id, run_name=f"campaign-{state.campaign_id}",
-                                     tags=tags | {"attune.campaign_id": state.campaign_id})
+                                     tags=tags | {"attune.campaign_id": state.campaign_id, "attune.parent": "true"})
         self.client.log_text(run.info.run_id, state.recipe_toml, "baseline_recipe.toml")
         return run.info.run_id
+
+    def log_missing_trials(self, parent_id: str, state: CampaignState, recipe_of: Callable[[TrialRecord], str],
+                           tags: dict[str, str]) -> list[int]:
+        """Give every recorded trial without a saved MLflow run id its run: the one logged before a
+        kill if it was finished, else a new one (a run cut off half-way is deleted). The indexes
+        logged anew."""
+        missing = [t for t in state.trials if t.mlflow_run_id is None]
+        if not missing:
+            return []
+        wanted, found = {t.index for t in missing}, {}
+        for run in self._find(f"tags.`mlflow.parentRunId` = '{parent_id}'"):
+            index = int(run.data.tags.get("attune.trial_index", -1))
+            if index not in wanted:
+                continue
+            if run.info.status in ("FINISHED", "FAILED") and index not in found:
+                found[index] = run.info.run_id
+            else:
+                self.client.delete_run(run.info.run_id)
+        logged = []
+        for record in missing:
+            if record.index in found:
+                record.mlflow_run_id = found[record.index]
+            else:
+                record.mlflow_run_id = self.log_trial(parent_id, record, recipe_of(record), tags)
+                logged.append(record.index)
+        return logged
 
     def log_trial(self, parent_id: str, record: TrialRecord, recipe_toml: str, tags: dict[str, str],
                   extra_artifacts: dict[str, str] | None = None) -> str:
@@ -61,6 +108,7 @@ class Tracker:
 
         run = self.client.create_run(self.experiment_id, run_name=f"{record.role}-{record.index:03d}",
                                      tags=tags | {"mlflow.parentRunId": parent_id, "attune.role": record.role,
+                                                  "attune.trial_index": str(record.index),
                                                   "attune.status": record.result.status.value})
         now = int(time.time() * 1000)
         params = [Param(k, str(v)) for k, v in sorted(record.levers.items())]
@@ -85,15 +133,22 @@ class Tracker:
         self.client.set_terminated(run.info.run_id, "FINISHED" if record.result.ok else "FAILED")
         return run.info.run_id
 
-    def log_gate(self, parent_id: str, gate: dict[str, Any] | None, tags: dict[str, str]) -> str | None:
+    def log_gate(self, parent_id: str, gate: dict[str, Any] | None, tags: dict[str, str], number: int = 0) -> str | None:
         """The correctness gate as its own nested run: its verdict, what it cost, the curves it read
-        and the plot (a person looks at the curves, not the numbers)."""
+        and the plot (a person looks at the curves, not the numbers). `number` counts the campaign's
+        verdicts (a fall back gates a second candidate): a run of that number logged before a kill is
+        kept, one cut off half-way replaced."""
         if gate is None:
             return None
         from mlflow.entities import Metric, RunTag
+        for run in self._find(f"tags.`mlflow.parentRunId` = '{parent_id}' and tags.`attune.gate_number` = '{number}'"):
+            if run.info.status in ("FINISHED", "FAILED"):
+                return run.info.run_id
+            self.client.delete_run(run.info.run_id)
         passed = bool(gate.get("passed"))
         run = self.client.create_run(self.experiment_id, run_name="gate",
                                      tags=tags | {"mlflow.parentRunId": parent_id, "attune.role": "gate",
+                                                  "attune.gate_number": str(number),
                                                   "attune.gate_trainer": str(gate.get("trainer", "proxy")),
                                                   "attune.gate_passed": str(passed).lower()})
         now = int(time.time() * 1000)

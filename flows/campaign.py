@@ -5,6 +5,9 @@
     confirm incumbent (replicates) ──► correctness gate ──► ship, or keep the baseline and say why
                      ▲                        │ refused (once)
                      └── best measured layout the config check passes without a numerics change
+
+Ctrl-C, SIGTERM or a cancel in Prefect stop it within seconds: the running trial's processes are
+ended and charged, the state is saved, and StopRequested leaves the flow; the same command resumes.
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ import sys
 from typing import Any
 
 from prefect import flow
-from prefect.states import Completed
+from prefect.states import Cancelled, Completed
 from prefect.utilities.annotations import quote
 
+from attune import interrupt
 from attune.campaign import engine, finish
 from attune.campaign.budget import hours_text
 from attune.campaign.context import Campaign, CampaignSettings
@@ -25,8 +29,8 @@ from attune.campaign.inputs import load_campaign_recipe
 from attune.errors import InputError
 from attune.recipe import dump_recipe
 from attune.tracking import Tracker
-from attune.tasks.campaign import (InfrastructureFault, correctness_gate, plan_next, publish_report, run_trial, ship,
-                            update_lessons)
+from attune.flows.stopping import stop_on_cancel
+from attune.tasks.campaign import correctness_gate, plan_next, publish_report, run_trial, ship, update_lessons
 
 
 def _tags(c: Campaign) -> dict[str, str]:
@@ -50,8 +54,6 @@ def _measure(c: Campaign, tracker: Tracker, role: str, levers: dict[str, Any], p
     c.attempts = 0
     try:
         record = run_trial.with_options(tags=_pool_tags(c))(quote(c), role, levers, reserve, quote(proposal))
-    except InfrastructureFault as fault:   # retries spent: the last attempt is what was measured
-        record = engine.record_trial(c, role, levers, fault.result, proposal, attempts=max(1, c.attempts))
     except BudgetExhausted as spent:
         c.state.stop_reason = str(spent)
         return None
@@ -86,7 +88,22 @@ def tune_campaign(recipe_path: str, settings: CampaignSettings, cluster: str | N
     """`settings` is what the campaign is asked (attune.campaign.context.CampaignSettings; a deployment
     passes it as a dict); the rest says where it reads and writes."""
     recipe = load_campaign_recipe(recipe_path, cluster, model_spec)
-    c = engine.open_campaign(recipe, settings)
+    with interrupt.stop_on_signals(), stop_on_cancel():
+        c = engine.open_campaign(recipe, settings)
+        try:
+            return _campaign(c, recipe_path, mlflow_uri, out, store, gpu_pool, quiet)
+        except interrupt.StopRequested as stop:
+            c.save()
+            _progress(c, f"stopped by {stop.reason}; state saved in {c.directory}, the same command resumes it")
+            # Cancelled, not Failed: the user stopped it, and a cancel in the UI ends as it was asked to
+            return Cancelled(message=f"stopped by {stop.reason}; the state is saved, the same command resumes it")
+        finally:
+            engine.close_campaign(c)
+
+
+def _campaign(c: Campaign, recipe_path: str, mlflow_uri: str | None, out: str | None, store: str | None,
+              gpu_pool: str | None, quiet: bool):
+    settings = c.settings
     c.quiet, c.gpu_pool = quiet, gpu_pool
     c.say = lambda text: _progress(c, text)
     if c.state.phase == "done" and c.state.result:
@@ -94,12 +111,15 @@ def tune_campaign(recipe_path: str, settings: CampaignSettings, cluster: str | N
     tracker = Tracker(mlflow_uri)
     c.state.mlflow_run_id = tracker.campaign_run(c.state, _tags(c))
     c.save()
+    if tracker.log_missing_trials(c.state.mlflow_run_id, c.state,
+                                  lambda t: dump_recipe(c.trial_recipe(t.levers, t.role)), _tags(c)):
+        c.save()   # trials a kill had left without their MLflow run
     for hit in finish.baseline_defects(c):
         _progress(c, f"warning: the recipe as given matches known defect {hit['id']} ({hit['source']}); "
                      f"layouts that keep it cannot ship")
 
     # baseline replicates -> noise band
-    baseline = recipe.layout().levers()
+    baseline = c.recipe.layout().levers()
     while c.state.phase == "baseline" and len(c.state.of_role("baseline")) < settings.replicates:
         if _measure(c, tracker, "baseline", baseline) is None:
             break
@@ -117,6 +137,7 @@ def tune_campaign(recipe_path: str, settings: CampaignSettings, cluster: str | N
 
     # the search: one lever at a time, while budget and moves are left
     while c.state.phase == "search":
+        interrupt.check()
         proposal = plan_next(quote(c))
         if proposal is None:
             break
@@ -136,13 +157,18 @@ def tune_campaign(recipe_path: str, settings: CampaignSettings, cluster: str | N
             engine.settle_incumbent(c)
             c.state.phase = "gate"
             c.save()
+        interrupt.check()
         if c.state.incumbent_record.role != "baseline" and c.state.gate is None:
             _progress(c, "correctness gate on the incumbent")
             correctness_gate(quote(c))
-            tracker.log_gate(c.state.mlflow_run_id, c.state.gate, _tags(c))
+        if c.state.gate is not None and c.state.gate_mlflow_run_id is None:
+            c.state.gate_mlflow_run_id = tracker.log_gate(c.state.mlflow_run_id, c.state.gate, _tags(c),
+                                                          number=len(c.state.rejected))
+            c.save()
         if not engine.fall_back(c):
             break
         _progress(c, "the gate refused the candidate; falling back on the best measured layout it can pass")
+    interrupt.check()
     recipe_out = ship(quote(c), out, store)
     result = c.state.result or finish.campaign_result(c)  # publishing a shipped recipe computed it
     update_lessons(quote(c))

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from attune.files import atomic_write_text, attune_home
+from attune.files import atomic_write_text, locked, attune_home
 from attune.layout import Layout
 from attune.levers import Scalar, lever
 
@@ -144,7 +144,12 @@ def match(lessons: list[Lesson], symptoms: set[str], is_moe: bool, layout: Layou
 
 
 def append_evidence(path: Path, rows: list[Evidence]) -> None:
-    """Add a campaign's outcomes to the evidence file (atomic rewrite)."""
-    existing = json.loads(path.read_text()) if path.is_file() else []
-    existing.extend(row.model_dump() for row in rows)
-    atomic_write_text(path, json.dumps(existing, indent=1))
+    """Add a campaign's outcomes to the evidence file (atomic rewrite). Rows of the same campaign
+    already there are replaced, so a campaign killed after writing them and resumed counts once;
+    concurrent campaigns take turns (each reads what the other wrote)."""
+    campaigns = {row.campaign for row in rows}
+    with locked(path.with_name(path.name + ".lock")):
+        existing = json.loads(path.read_text()) if path.is_file() else []
+        kept = [row for row in existing if row.get("campaign") not in campaigns]
+        kept.extend(row.model_dump() for row in rows)
+        atomic_write_text(path, json.dumps(kept, indent=1))

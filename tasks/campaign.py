@@ -36,14 +36,18 @@ def _only_infrastructure_faults(task, task_run, state) -> bool:
     return False
 
 
-@task(name="run-trial", retries=1, retry_delay_seconds=0, retry_condition_fn=_only_infrastructure_faults,
+TRIAL_RETRIES = 1   # one more attempt after an infrastructure fault
+
+
+@task(name="run-trial", retries=TRIAL_RETRIES, retry_delay_seconds=0, retry_condition_fn=_only_infrastructure_faults,
       cache_policy=NO_CACHE)
 def run_trial(c: Campaign, role: str, levers: dict[str, Any], reserve: float = 0.0, proposal=None) -> TrialRecord:
-    """One attempt of a trial, recorded and diagnosed; an infrastructure fault raises (and is retried),
-    its result in the exception for the flow to record when the retries are spent."""
+    """One attempt of a trial, recorded and diagnosed. An infrastructure fault with a retry left is
+    charged on its own and raised (Prefect retries it); the last attempt is recorded, fault or not."""
     c.attempts += 1
     result = engine.execute_attempt(c, role, levers, reserve)
-    if result.status in RETRYABLE:
+    if result.status in RETRYABLE and c.attempts <= TRIAL_RETRIES:
+        engine.charge_unrecorded(c, result.gpu_hours)
         raise InfrastructureFault(result)
     return engine.record_trial(c, role, levers, result, proposal, attempts=c.attempts)
 

@@ -18,7 +18,7 @@ NAMESPACED = {"gate": "attune.gate", "lessons": "attune.lessons", "tasks": "attu
 
 # Each layer by the module prefixes it holds; the longest matching prefix decides.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("data", ("attune.data", "attune.data_files", "attune.errors", "attune.files")),
+    ("data", ("attune.data", "attune.data_files", "attune.errors", "attune.files", "attune.interrupt")),
     ("domain", ("attune.spec", "attune.recipe", "attune.layout", "attune.levers", "attune.space",
                 "attune.validation", "attune.sim", "attune.proxy", "attune.stacks", "attune.store",
                 "attune.leaderboard", "attune.gate", "attune.lessons")),

@@ -35,27 +35,32 @@ class CampaignSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    budget_gpu_hours: float = Field(gt=0, description="GPU-hours the campaign may charge, every trial and gate run "
-                                    "included", json_schema_extra=_flag("--budget-gpu-hours", metavar="H"))
+    # allow_inf_nan=False: `--budget-gpu-hours inf` would never stop a campaign and prints as Infinity in JSON
+    budget_gpu_hours: float = Field(gt=0, allow_inf_nan=False, description="GPU-hours the campaign may charge, "
+                                    "every trial and gate run included",
+                                    json_schema_extra=_flag("--budget-gpu-hours", metavar="H"))
     stack: str = Field("sim", description="sim | torchtitan (default sim: the simulated cluster)",
                        json_schema_extra=_flag("--stack"))
     planner: str = Field("attune", description="attune | random | bayes | bayes-warm | estimator-topk | "
                          "estimator-topk-naive | grid | llm", json_schema_extra=_flag("--planner"))
-    seed: int = Field(0, ge=0, description="the campaign's seed (trial noise, sampling planners)",
+    # Upper bounds: a value past them is a typo, refused now rather than by the budget after a flow started
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="the campaign's seed (trial noise, sampling planners)",
                       json_schema_extra=_flag("--seed"))
-    steps_per_trial: int = Field(10, ge=1, description="measured steps per trial (default 10)",
+    steps_per_trial: int = Field(10, ge=1, le=100_000, description="measured steps per trial (default 10)",
                                  json_schema_extra=_flag("--steps"))
-    replicates: int = Field(3, ge=1, description="baseline and confirmation replicates (default 3)",
+    replicates: int = Field(3, ge=1, le=1_000, description="baseline and confirmation replicates (default 3)",
                             json_schema_extra=_flag("--replicates"))
-    max_trials: int = Field(80, ge=1, description="search trials at most (default 80)",
+    max_trials: int = Field(80, ge=1, le=100_000, description="search trials at most (default 80)",
                             json_schema_extra=_flag("--max-trials"))
     disabled_rules: tuple[str, ...] = Field((), description="switch a search rule of the attune planner off "
                                             "(repeatable; ablations), e.g. explore, lessons",
                                             json_schema_extra=_flag("--disable-rule", append=True, metavar="RULE"))
-    gate_steps: int | None = Field(None, ge=2, description="steps of each convergence-check run (>= 2: a curve "
-                                   "needs a slope): the proxy's on sim, torchtitan's on --stack torchtitan "
-                                   "(default: the gate's, 40 and 20)", json_schema_extra=_flag("--gate-steps"))
-    gate_seed: int | None = Field(None, description="the gate's proxy seed (default: the campaign's seed)")
+    gate_steps: int | None = Field(None, ge=2, le=100_000, description="steps of each convergence-check run "
+                                   "(>= 2: a curve needs a slope): the proxy's on sim, torchtitan's on --stack "
+                                   "torchtitan (default: the gate's, 40 and 20)",
+                                   json_schema_extra=_flag("--gate-steps"))
+    gate_seed: int | None = Field(None, ge=0, le=2**32 - 1,
+                                  description="the gate's proxy seed (default: the campaign's seed)")
     stack_options: dict[str, Any] = Field(default_factory=dict, description="the stack's own options "
                                           "(the simulated cluster on sim)")
     planner_options: dict[str, Any] = Field(default_factory=dict, description="the planner's own options "
@@ -122,6 +127,7 @@ class Campaign:
     quiet: bool = False                     # no progress lines
     say: Callable[[str], None] | None = None   # a progress line (the flow sets it)
     gpu_pool: str | None = None             # tag of the trial tasks: gpu-pool:<name> (concurrency limits)
+    lock: Any = None                        # the open lock file that keeps other processes out (engine)
     _costs: dict[tuple, float] = field(default_factory=dict, repr=False)
 
     @property

@@ -7,11 +7,13 @@
 
 from __future__ import annotations
 
+import fcntl
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from attune import interrupt
 from attune.campaign.budget import Budget
 from attune.campaign.context import Campaign, CampaignSettings
 from attune.campaign.diagnosis import diagnose
@@ -55,31 +57,77 @@ def open_campaign(recipe: Recipe, settings: CampaignSettings, home: Path | None 
                                                f"run of this recipe (about {one_run:.2f} GPU-hours)")
     toml = dump_recipe(recipe)
     cid = campaign_id(toml, **settings.identity())
-    directory = (home or attune_home()) / "campaigns" / f"{recipe.name}-{cid}"
+    directory = campaign_directory(recipe, settings, home)
+    lock = _hold_lock(directory)
     path = directory / "state.json"
-    if path.is_file():
-        state = CampaignState.load(path)
-        if state.pending is not None:  # the process died mid-trial: its GPUs were held, charge them
-            state.budget.charge(state.pending.estimated_gpu_hours)
-            state.lost_gpu_hours += state.pending.estimated_gpu_hours
-            state.pending = None
-    else:
-        state = CampaignState(campaign_id=cid, recipe_toml=toml, settings=settings.model_dump(mode="json"),
-                              budget=Budget(total_gpu_hours=settings.budget_gpu_hours))
+    try:
+        if path.is_file():
+            state = CampaignState.load(path)
+            if state.pending is not None:  # the process died mid-trial: its GPUs were held, charge them
+                state.budget.charge(state.pending.estimated_gpu_hours)
+                state.lost_gpu_hours += state.pending.estimated_gpu_hours
+                state.pending = None   # saved below, with the charge
+        else:
+            state = CampaignState(campaign_id=cid, recipe_toml=toml, settings=settings.model_dump(mode="json"),
+                                  budget=Budget(total_gpu_hours=settings.budget_gpu_hours))
+    except BaseException:
+        lock.close()
+        raise
     campaign = Campaign(recipe, settings, state, directory, stack, planner)
+    campaign.lock = lock
     campaign.save()
     return campaign
 
 
+def campaign_directory(recipe: Recipe, settings: CampaignSettings, home: Path | None = None) -> Path:
+    """Where the campaign of this recipe and these settings keeps its state (the same command, the
+    same folder: that is how a re-run resumes)."""
+    cid = campaign_id(dump_recipe(recipe), **settings.identity())
+    return (home or attune_home()) / "campaigns" / f"{recipe.name}-{cid}"
+
+
+def check_resumable(recipe: Recipe, settings: CampaignSettings, home: Path | None = None) -> None:
+    """Refuse now, in one line, a campaign whose saved state cannot be resumed (before any server or
+    flow starts)."""
+    path = campaign_directory(recipe, settings, home) / "state.json"
+    if path.is_file():
+        CampaignState.load(path)
+
+
+def _hold_lock(directory: Path):
+    """The campaign's lock, held until the process closes it or dies: two processes running the same
+    campaign would each charge and record trials the other does not see."""
+    directory.mkdir(parents=True, exist_ok=True)
+    handle = open(directory / ".lock", "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise InputError("campaign", f"{directory.name} is running in another process; wait for it to finish "
+                                     f"or stop it (Ctrl-C, SIGTERM), then run the same command to resume") from None
+    return handle
+
+
+def close_campaign(campaign: Campaign) -> None:
+    """Let go of the campaign's lock (another process may resume it now)."""
+    if campaign.lock is not None:
+        campaign.lock.close()
+        campaign.lock = None
+
+
 def discard(campaign: Campaign) -> None:
     """Remove a campaign that could not start (its baseline failed): nothing half-written remains."""
+    close_campaign(campaign)
     shutil.rmtree(campaign.directory, ignore_errors=True)
 
 
 # --- trials ------------------------------------------------------------------------------------
 def execute_attempt(c: Campaign, role: Role, levers: dict[str, Any], reserve: float = 0.0) -> TrialResult:
-    """Run one attempt of a trial and charge it. Persisted before and after, so a crash of this
-    process in between is charged on resume and a retry is charged again (its GPUs ran again)."""
+    """Run one attempt of a trial. Saved as pending before it runs (a process that dies mid-trial is
+    charged the estimate on resume); charged together with its record (record_trial) or, for an
+    attempt that will be retried, on its own (charge_unrecorded). Asked to stop while it ran, it is
+    charged what it ran and StopRequested is raised: there is no measurement to keep."""
+    interrupt.check()
     estimate = c.estimated_cost(levers)
     if not c.state.budget.can_afford(estimate + reserve):
         raise BudgetExhausted(f"budget spent: the next trial needs about {estimate + reserve:.2f} GPU-hours "
@@ -91,14 +139,24 @@ def execute_attempt(c: Campaign, role: Role, levers: dict[str, Any], reserve: fl
     workdir.mkdir(parents=True, exist_ok=True)
     seed = c.settings.seed * 100_003 + index * 7919 + len(c.state.pending.levers)
     result = c.stack.run_trial(c.trial_recipe(levers, role), c.trial_steps(levers), seed, workdir)
-    c.state.budget.charge(result.gpu_hours)
+    if interrupt.requested():
+        charge_unrecorded(c, result.gpu_hours)
+        interrupt.check()
+    return result
+
+
+def charge_unrecorded(c: Campaign, gpu_hours: float) -> None:
+    """Charge GPU-hours that leave no trial record (a stopped trial, an attempt that is retried)."""
+    c.state.budget.charge(gpu_hours)
+    c.state.lost_gpu_hours += max(0.0, gpu_hours)
     c.state.pending = None
     c.save()
-    return result
 
 
 def record_trial(c: Campaign, role: Role, levers: dict[str, Any], result: TrialResult,
                  proposal: Proposal | None = None, attempts: int = 1) -> TrialRecord:
+    """The trial's record and its charge, saved in one write: a process killed before it is charged
+    the estimate on resume and runs the trial again, one killed after it never runs it again."""
     recipe = c.trial_recipe(levers, role)
     symptoms = diagnose(result, recipe.layout(), recipe.cluster.node_size, recipe.cluster.memory_gib)
     parent = c.state.incumbent if role == "trial" else None
@@ -106,6 +164,8 @@ def record_trial(c: Campaign, role: Role, levers: dict[str, Any], result: TrialR
                          diagnosis=symptoms, move=proposal.move if proposal else None, parent=parent,
                          lesson_id=proposal.lesson_id if proposal else None,
                          rationale=proposal.rationale if proposal else "", attempts=attempts)
+    c.state.budget.charge(result.gpu_hours)
+    c.state.pending = None
     c.state.trials.append(record)
     if role == "baseline":
         _after_baseline(c)
@@ -209,8 +269,9 @@ def fall_back(c: Campaign) -> bool:
     fallback = best_exact(c.state.trials, c.recipe, c.state.noise_rel_sd)
     if fallback is None or fallback == incumbent.levers:
         return False   # the refusal stands: the baseline is kept
-    c.state.rejected.append({"levers": incumbent.levers, "gate": gate})
+    c.state.rejected.append({"levers": incumbent.levers, "gate": gate, "mlflow_run_id": c.state.gate_mlflow_run_id})
     c.state.gate = None
+    c.state.gate_mlflow_run_id = None
     c.state.incumbent = next(t.index for t in c.state.trials if t.levers == fallback)
     c.state.phase = "confirm"
     c.save()
@@ -240,19 +301,26 @@ def settle_incumbent(c: Campaign) -> tuple[bool, float]:
     fresh confirmation runs beat the baseline's by more than the noise band (attune.campaign.noise).
     The search's own measurement of it is left out: it was chosen for being the best of many noisy
     measurements, so it is biased upward (the more a campaign explores, the more a noise-sized "gain"
-    wins the search). With one replicate asked there is nothing fresh, and every measurement counts."""
+    wins the search). Only with one replicate asked is there nothing fresh to test, and then every
+    measurement counts; confirmations that were asked but none ran (failed, or the budget stopped
+    them) leave nothing to accept."""
     incumbent = c.state.incumbent_record
     base = c.state.baseline_tps
     if incumbent is None or incumbent.role == "baseline":
         return False, 1.0
-    samples = (_confirmations(c, incumbent.levers)
-               or [t.tps for t in c.state.measured(incumbent.levers) if t.result.ok])
+    if c.settings.replicates > 1:
+        samples = _confirmations(c, incumbent.levers)
+    else:
+        samples = [t.tps for t in c.state.measured(incumbent.levers) if t.result.ok]
     band = c.state.noise_band or 0.0
-    accepted, p = gain_is_real(base, samples, margin=band)
+    if not samples:
+        accepted, p, why = False, 1.0, "no confirmation run of the best candidate succeeded, baseline kept"
+    else:
+        accepted, p = gain_is_real(base, samples, margin=band)
+        why = (f"the best candidate's gain did not clear the noise band ({band:.1%}) on confirmation (p={p:.2f}), "
+               f"baseline kept")
     if not accepted:
         c.state.incumbent = c.state.of_role("baseline")[0].index
-        c.state.stop_reason = (c.state.stop_reason or "") + (
-            f"; the best candidate's gain did not clear the noise band ({band:.1%}) on confirmation (p={p:.2f}), "
-            f"baseline kept")
+        c.state.stop_reason = (c.state.stop_reason or "") + f"; {why}"
     c.save()
     return accepted, p

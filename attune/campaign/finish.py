@@ -97,7 +97,7 @@ def campaign_result(c: Campaign) -> dict[str, Any]:
         "simulated": c.settings.stack == "sim",
         "baseline": base, "best": best, "gain": gain, "noise_band": s.noise_band,
         "gpu_hours_used": s.budget.spent_gpu_hours, "budget_gpu_hours": s.budget.total_gpu_hours,
-        "gate_gpu_hours": s.gate_gpu_hours, "trials": len(s.trials), "stop_reason": final_message(c),
+        "gate_gpu_hours": s.gate_gpu_hours, "lost_gpu_hours": s.lost_gpu_hours, "trials": len(s.trials), "stop_reason": final_message(c),
         "gate": s.gate, "shipped": s.shipped,
         "gate_rejected": [{"levers": r["levers"], "reason": _why(r["gate"])} for r in s.rejected],
         "gate_probes": [{"levers": p["levers"], "passed": p["passed"]} for p in s.gate_probes],
@@ -128,9 +128,15 @@ def lesson_outcomes(c: Campaign) -> list[Evidence]:
 
 
 def update_lessons(c: Campaign) -> int:
+    """Add the campaign's lesson outcomes to the evidence, once (a resumed campaign's rows replace
+    those it wrote before it was killed)."""
+    if c.state.lessons_recorded:
+        return 0
     rows = lesson_outcomes(c)
     if rows:
         append_evidence(user_evidence_file(), rows)
+    c.state.lessons_recorded = True
+    c.save()
     return len(rows)
 
 

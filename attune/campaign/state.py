@@ -1,8 +1,15 @@
 """The persisted campaign: every trial, the budget spent, the incumbent and why it stopped.
 
 Saved atomically after every change, so a retried task or a re-run of the same command resumes
-where it stopped and never charges a finished trial twice. A trial that was running when the
-process died is charged at its estimate on resume (its GPUs were held) and run again.
+where it stopped and never charges a finished trial twice: a trial's charge and its record are one
+write. A trial that was running when the process died is charged at its estimate on resume (its
+GPUs were held) and run again; what was charged without a record to show for it (that, a stopped
+trial, a retried attempt) is `lost_gpu_hours`, so the budget always adds up:
+
+    spent = sum of the trials' GPU-hours + lost_gpu_hours + gate_gpu_hours
+
+The file carries its format's version; a file this code cannot read (damaged, cut short, written by
+another version) is refused with one line naming it and what to do, never resumed from a guess.
 """
 
 from __future__ import annotations
@@ -12,12 +19,18 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from attune.campaign.budget import Budget
 from attune.campaign.diagnosis import Symptom
+from attune.errors import InputError
 from attune.files import atomic_write_text
 from attune.stacks.base import TrialResult
+from attune.validation import first_error
+
+# 2: the settings in one model (version 1, unmarked, copied them field by field); since marked, also
+# the gate's MLflow run and whether the lessons evidence has this campaign's rows
+STATE_VERSION = 2
 
 Role = Literal["baseline", "trial", "confirm"]
 Phase = Literal["baseline", "search", "confirm", "gate", "done"]
@@ -49,6 +62,7 @@ class PendingTrial(BaseModel):
 
 
 class CampaignState(BaseModel):
+    version: int = STATE_VERSION
     campaign_id: str
     recipe_toml: str
     settings: dict[str, Any]                # what it was asked (attune.campaign.context.CampaignSettings)
@@ -62,12 +76,14 @@ class CampaignState(BaseModel):
     noise_rel_sd: float | None = None
     noise_band: float | None = None
     pending: PendingTrial | None = None
-    lost_gpu_hours: float = 0.0
+    lost_gpu_hours: float = 0.0             # charged with no trial record: died or stopped mid-trial, retried
     stop_reason: str | None = None
     gate: dict[str, Any] | None = None
     shipped: bool = False
     recipe_out: str | None = None
     mlflow_run_id: str | None = None
+    gate_mlflow_run_id: str | None = None   # the gate's nested run, for the verdict in `gate`
+    lessons_recorded: bool = False          # this campaign's rows are in the lessons evidence
     llm_usage: dict[str, int] = {}
     result: dict[str, Any] | None = None
 
@@ -92,7 +108,32 @@ class CampaignState(BaseModel):
 
     @classmethod
     def load(cls, path: Path) -> "CampaignState":
-        return cls.model_validate_json(path.read_text())
+        """The state saved at `path`, or an InputError naming the file, what is wrong and what to do."""
+        try:
+            raw = json.loads(path.read_bytes())
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise DamagedState(path, f"not valid JSON ({type(err).__name__} at byte {getattr(err, 'pos', 0)})") from None
+        if not isinstance(raw, dict):
+            raise DamagedState(path, f"a JSON {type(raw).__name__}, not a campaign state")
+        # unmarked: a campaign's state without `settings` is version 1; anything else is read as this
+        # format before it was marked (and refused field by field if it is not)
+        version = raw.get("version", 1 if "campaign_id" in raw and "settings" not in raw else STATE_VERSION)
+        if version != STATE_VERSION:
+            raise DamagedState(path, f"written by another version of attune (state format {version!r}, "
+                                     f"this one reads {STATE_VERSION})")
+        try:
+            return cls.model_validate(raw)
+        except ValidationError as err:
+            field, rule = first_error(err)
+            raise DamagedState(path, f"{field}: {rule}") from None
+
+
+class DamagedState(InputError):
+    """A state file that cannot be resumed from: the user decides, attune does not guess."""
+
+    def __init__(self, path: Path, why: str):
+        super().__init__(str(path), f"cannot resume this campaign: {why}; delete {path.parent} to start it "
+                                    f"afresh (its trials will be run and charged again), or restore the file")
 
 
 def campaign_id(recipe_toml: str, **settings: Any) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from attune.cli.common import (add_settings_arguments, add_sim_cluster_arguments, check_sim_cluster_arguments, emit,
                                quiet_local_prefect, settings_from_args)
@@ -27,12 +28,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Exit 0 with the result; 2 on bad input; 130 (SIGINT, a cancel in Prefect) or 143 (SIGTERM) when
+    stopped, with the state saved: the same command resumes the campaign."""
     quiet_local_prefect()
     settings = _settings(args)
+    from attune import interrupt
+    from attune.cli.prefect_api import private_prefect_api
     from attune.flows.campaign import tune_campaign
 
-    result = tune_campaign(args.recipe, settings, cluster=args.cluster, model_spec=args.model_spec,
-                           mlflow_uri=args.mlflow_uri, out=args.out, store=args.store, quiet=args.quiet)
+    from prefect.exceptions import CancelledRun
+
+    try:
+        with private_prefect_api():
+            result = tune_campaign(args.recipe, settings, cluster=args.cluster, model_spec=args.model_spec,
+                                   mlflow_uri=args.mlflow_uri, out=args.out, store=args.store, quiet=args.quiet)
+    except CancelledRun:   # the flow stopped as asked (attune.interrupt), its state saved
+        stop = interrupt.StopRequested(interrupt.requested() or "cancel")
+        print(f"attune: stopped by {stop.reason}, state saved; run the same command again to resume",
+              file=sys.stderr)
+        return stop.exit_code
     emit(result, args.json, _text(result))
     return 0
 
@@ -41,6 +55,7 @@ def _settings(args: argparse.Namespace):
     """The campaign's settings, and everything that can be refused refused here, before a flow run
     or any file exists: the settings validate themselves; the recipe, the stack's and the planner's
     options are checked by building them."""
+    from attune.campaign.engine import check_resumable
     from attune.campaign.inputs import load_campaign_recipe
     from attune.planners.registry import make_planner
     from attune.stacks.registry import make_stack
@@ -54,10 +69,11 @@ def _settings(args: argparse.Namespace):
     elif args.cluster_seed != 0 or args.world != "realistic":
         raise InputError("--cluster-seed/--world", "only the sim stack has simulated clusters")
     settings = settings_from_args(args, stack_options=stack_options, planner_options=planner_options)
-    load_campaign_recipe(args.recipe, args.cluster, args.model_spec)
+    recipe = load_campaign_recipe(args.recipe, args.cluster, args.model_spec)
     make_stack(settings.stack, **settings.stack_options)
     make_planner(settings.planner, seed=settings.seed, disabled_rules=frozenset(settings.disabled_rules),
                  **settings.planner_options)
+    check_resumable(recipe, settings)
     return settings
 
 

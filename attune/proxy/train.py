@@ -8,6 +8,7 @@ from contextlib import contextmanager
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from attune import interrupt
 from attune.proxy.config import ProxyConfig
 from attune.proxy.corpus import batch_hash
 from attune.proxy.data import eval_samples, probe_samples, step_samples
@@ -68,6 +69,7 @@ def run(cfg: ProxyConfig) -> ProxyRun:
         evals = eval_samples(cfg)
         rows = []
         for t in range(1, cfg.steps + 1):
+            interrupt.check()   # a gate run takes seconds to minutes: Ctrl-C must not wait for it
             samples = step_samples(cfg, t)
             out = trainer.step(samples, t)
             load = torch.tensor(out.expert_load)

@@ -38,6 +38,7 @@ METRICS = re.compile(
 STOP_MEASURED = "[attune] stopped: measured steps done"
 STOP_STALLED = "[attune] stopped: no progress"
 STOP_WALL = "[attune] stopped: wall-time limit"
+STOP_ASKED = "[attune] stopped: asked to stop"
 
 
 class ParsedLog(BaseModel):

@@ -27,8 +27,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from attune import interrupt
 from attune.stacks.base import StepMetrics, TrialStatus
-from attune.stacks.torchtitan.log_parser import (STOP_MEASURED, STOP_STALLED, STOP_WALL, classify,
+from attune.stacks.torchtitan.log_parser import (STOP_ASKED, STOP_MEASURED, STOP_STALLED, STOP_WALL, classify,
                                                  parse_metrics_line)
 
 TAIL_LINES = 200  # kept in memory for classification; the log file has everything
@@ -134,6 +135,8 @@ def run_process(argv: list[str], env: dict[str, str], log_path: Path | str, limi
                 stopped = f"{STOP_STALLED} for {now - last_progress:.0f} s ({len(steps)} steps logged)"
             elif limits.max_wall_s is not None and now - started > limits.max_wall_s:
                 stopped = f"{STOP_WALL} {limits.max_wall_s:.0f} s"
+            elif interrupt.requested():   # Ctrl-C, SIGTERM or a cancel: end the processes, charge what ran
+                stopped = f"{STOP_ASKED} ({interrupt.requested()})"
             if stopped:
                 _stop(proc, limits.grace_s)
                 break

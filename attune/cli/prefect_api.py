@@ -1,0 +1,93 @@
+"""A Prefect API for one command when no server is configured, started so that Ctrl-C reaches the
+campaign only.
+
+Prefect's own ephemeral server is a child in the command's process group: Ctrl-C in a terminal
+signals the whole group, the API dies first, and the campaign, which would stop cleanly, then spends
+minutes retrying calls to it (seen: 67 "EventsWorker failed" errors and a traceback after 5 min).
+This starts the same API (`prefect server start`, on Prefect's database under PREFECT_HOME) in a
+session of its own, points the command at it, and stops it by its process group on the way out.
+With PREFECT_API_URL set, the configured server is used and nothing is started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+
+from attune.errors import InputError
+
+START_TIMEOUT_S = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS") or 120)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _healthy(api_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{api_url}/health", timeout=2) as reply:
+            return reply.status == 200
+    except OSError:
+        return False
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        if proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=wait_s)
+            return
+
+
+@contextlib.contextmanager
+def _unset_on_exit(name: str) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        os.environ.pop(name, None)
+
+
+@contextlib.contextmanager
+def private_prefect_api() -> Iterator[str | None]:
+    """The API URL the command's flows use: PREFECT_API_URL as set, else a server started here."""
+    if os.environ.get("PREFECT_API_URL"):
+        yield os.environ["PREFECT_API_URL"]
+        return
+    api_url = f"http://127.0.0.1:{_free_port()}/api"
+    # before Prefect is imported: its root settings, which threads without our context see, read it then
+    os.environ["PREFECT_API_URL"] = api_url
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    host, port = api_url.removeprefix("http://").removesuffix("/api").split(":")
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"} | {
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_ENABLED": "false"}
+    with tempfile.TemporaryFile("w+") as log, _unset_on_exit("PREFECT_API_URL"):
+        proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", port,
+                                 "--no-ui"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, start_new_session=True)
+        try:
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while not _healthy(api_url):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    log.seek(0)
+                    last = (log.read().strip().splitlines() or ["no output"])[-1][:200]
+                    raise InputError("PREFECT_HOME", f"the local Prefect API did not start ({last}); set "
+                                                     f"PREFECT_API_URL to use a running server")
+                time.sleep(0.1)
+            with temporary_settings(updates={PREFECT_API_URL: api_url}):
+                yield api_url
+        finally:
+            _stop(proc)

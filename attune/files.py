@@ -32,20 +32,30 @@ def atomic_write_text(path: Path | str, text: str) -> Path:
     return path
 
 
+def try_lock(lock_path: Path | str):
+    """An open file holding an exclusive lock on `lock_path` (created if missing), or None when
+    another process holds it. Closing the file lets go; the kernel lets go when the holder dies,
+    so a killed process never leaves a lock held."""
+    lock_path = Path(lock_path)
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    handle = open(lock_path, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return None
+    return handle
+
+
 @contextlib.contextmanager
-def locked(lock_path: Path | str, blocking: bool = True) -> Iterator[bool]:
-    """Hold an exclusive lock on `lock_path` (created if missing) while the block runs: processes
-    that share a file take turns. Non-blocking, it yields False at once when another process holds
-    it. The kernel drops the lock when its holder dies, so a killed process never leaves it held."""
+def locked(lock_path: Path | str) -> Iterator[None]:
+    """Hold an exclusive lock on `lock_path` while the block runs: processes that share a file take
+    turns (waiting for each other)."""
     lock_path = Path(lock_path)
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with open(lock_path, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
+            yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)

@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +21,7 @@ from attune.campaign.noise import MIN_RELATIVE_SD, clears_band, gain_is_real, re
 from attune.campaign.state import CampaignState, PendingTrial, Role, TrialRecord, campaign_id
 from attune.campaign.tier import gate_verdict
 from attune.errors import InputError
-from attune.files import attune_home
+from attune.files import attune_home, try_lock
 from attune.levers import layout_key
 from attune.planners.base import Observation, PlannerView, Proposal
 from attune.planners.registry import make_planner
@@ -97,14 +96,10 @@ def check_resumable(recipe: Recipe, settings: CampaignSettings, home: Path | Non
 def _hold_lock(directory: Path):
     """The campaign's lock, held until the process closes it or dies: two processes running the same
     campaign would each charge and record trials the other does not see."""
-    directory.mkdir(parents=True, exist_ok=True)
-    handle = open(directory / ".lock", "a+")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.close()
+    handle = try_lock(directory / ".lock")
+    if handle is None:
         raise InputError("campaign", f"{directory.name} is running in another process; wait for it to finish "
-                                     f"or stop it (Ctrl-C, SIGTERM), then run the same command to resume") from None
+                                     f"or stop it (Ctrl-C, SIGTERM), then run the same command to resume")
     return handle
 
 

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
-import inspect
 import sys
 import tomllib
 from pathlib import Path
@@ -29,9 +27,8 @@ from typing import Any
 import tomli_w
 
 from attune.data_files import DATA_DIR
-from attune.stacks.torchtitan.recipe_values import (AC_MODE, COMPILE_COMPONENTS, FLOAT8, MODULES, OPTIMIZER_KWARGS,
-                                                    OPTIMIZER_PREFIX, OVERRIDE_IMPORTS, PLAIN_FIELDS,
-                                                    pretend_float8_hardware)
+from attune.stacks.torchtitan.recipe_values import (AC_MODE, COMPILE_COMPONENTS, FLOAT8, OPTIMIZER_KWARGS,
+                                                    OPTIMIZER_PREFIX, OVERRIDE_IMPORTS, PLAIN_FIELDS, wheel_configs)
 
 KEYS_FILE = DATA_DIR / "config_keys.toml"
 ALIASES_FILE = Path(__file__).with_name("field_aliases.toml")
@@ -81,20 +78,9 @@ def _ac_keys() -> set[str]:
 
 def wheel_keys() -> set[str]:
     """The fields of every recipe of recipe_values.MODULES that builds on this machine."""
-    pretend_float8_hardware()
     out = _ac_keys()
-    for module_name in MODULES:
-        module = importlib.import_module(f"torchtitan.models.{module_name}.config_registry")
-        for name, fn in sorted(inspect.getmembers(module, inspect.isfunction)):
-            if fn.__module__ != module.__name__ or name.startswith("_") or inspect.signature(fn).parameters:
-                continue
-            try:
-                config = fn()
-            except Exception as err:  # a recipe that needs files or hardware we lack: left out
-                print(f"skip {module_name}.{name}: {type(err).__name__}: {err}", file=sys.stderr)
-                continue
-            if hasattr(config, "model_spec") and hasattr(config, "training"):
-                out |= _fields(config)
+    for _module, _name, config in wheel_configs():
+        out |= _fields(config)
     return out
 
 

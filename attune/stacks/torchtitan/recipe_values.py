@@ -119,10 +119,9 @@ def pretend_float8_hardware() -> None:
     float8.has_cuda_capability = lambda major, minor: True
 
 
-def wheel_values() -> dict[str, dict[str, dict[str, Any]]]:
-    """{module: {config: values}} for every recipe of MODULES that builds on this machine."""
+def wheel_configs():
+    """(module, recipe name, config) for every recipe of MODULES that builds on this machine."""
     pretend_float8_hardware()
-    out: dict[str, dict[str, dict[str, Any]]] = {}
     for module_name in MODULES:
         module = importlib.import_module(f"torchtitan.models.{module_name}.config_registry")
         for name, fn in sorted(inspect.getmembers(module, inspect.isfunction)):
@@ -134,7 +133,14 @@ def wheel_values() -> dict[str, dict[str, dict[str, Any]]]:
                 print(f"skip {module_name}.{name}: {type(err).__name__}: {err}", file=sys.stderr)
                 continue
             if hasattr(config, "model_spec") and hasattr(config, "training"):
-                out.setdefault(module_name, {})[name] = extract(config)
+                yield module_name, name, config
+
+
+def wheel_values() -> dict[str, dict[str, dict[str, Any]]]:
+    """{module: {config: values}} for every recipe of MODULES that builds on this machine."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for module_name, name, config in wheel_configs():
+        out.setdefault(module_name, {})[name] = extract(config)
     return out
 
 

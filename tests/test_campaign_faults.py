@@ -210,3 +210,38 @@ def test_no_successful_confirmation_keeps_the_baseline(tmp_path):
     accepted, _ = engine.settle_incumbent(c)
     assert not accepted and state.incumbent == 0
     assert "no confirmation run of the best candidate succeeded" in state.stop_reason
+
+
+def test_an_infrastructure_fault_is_retried_once_and_charged_once_per_attempt(tmp_path):
+    """The first crash is charged as lost and raised (Prefect retries it); the retry is recorded."""
+    from attune.campaign.engine import open_campaign
+    from attune.campaign.inputs import load_campaign_recipe
+    from attune.tasks.campaign import TRIAL_RETRIES, InfrastructureFault, run_trial
+
+    recipe = load_campaign_recipe(str(PUBLIC_8B))
+    c = open_campaign(recipe, CampaignSettings.of(budget_gpu_hours=40), home=tmp_path)
+    real = c.stack
+
+    class CrashOnce:
+        def __init__(self):
+            self.calls = 0
+
+        def estimate_wall_time_s(self, *args):
+            return real.estimate_wall_time_s(*args)
+
+        def run_trial(self, *args):
+            self.calls += 1
+            result = real.run_trial(*args)
+            return result.model_copy(update={"status": TrialStatus.CRASH}) if self.calls == 1 else result
+
+    c.stack = CrashOnce()
+    levers = recipe.layout().levers()
+    assert run_trial.retries == TRIAL_RETRIES == 1
+    with pytest.raises(InfrastructureFault):
+        run_trial.fn(c, "baseline", levers)
+    first = c.state.lost_gpu_hours
+    assert first > 0 and c.state.trials == [] and c.state.pending is None
+    record = run_trial.fn(c, "baseline", levers)
+    assert record.attempts == 2 and record.result.ok
+    assert c.state.budget.spent_gpu_hours == pytest.approx(record.result.gpu_hours + first)
+    assert CampaignState.load(c.state_path).budget.spent_gpu_hours == pytest.approx(c.state.budget.spent_gpu_hours)

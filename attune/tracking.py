@@ -31,7 +31,11 @@ def default_uri() -> str:
 
 
 def _client(uri: str):
+    import logging
+
     from mlflow.tracking import MlflowClient
+    # "Creating initial MLflow database tables..." on every new file: MLflow's news, not the user's
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
     return MlflowClient(tracking_uri=uri)
 
 

@@ -132,8 +132,10 @@ class DamagedState(InputError):
     """A state file that cannot be resumed from: the user decides, attune does not guess."""
 
     def __init__(self, path: Path, why: str):
+        self.why = why
         super().__init__(str(path), f"cannot resume this campaign: {why}; delete {path.parent} to start it "
-                                    f"afresh (its trials will be run and charged again), or restore the file")
+                                    f"afresh (`attune campaigns discard {path.parent.name}`; its trials will be run "
+                                    f"and charged again), or restore the file")
 
 
 def campaign_id(recipe_toml: str, **settings: Any) -> str:

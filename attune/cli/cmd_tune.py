@@ -28,26 +28,34 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Exit 0 with the result; 2 on bad input; 130 (SIGINT, a cancel in Prefect) or 143 (SIGTERM) when
-    stopped, with the state saved: the same command resumes the campaign."""
     quiet_local_prefect()
     settings = _settings(args)
+    return run_campaign(args.recipe, settings, cluster=args.cluster, model_spec=args.model_spec,
+                        mlflow_uri=args.mlflow_uri, out=args.out, store=args.store, quiet=args.quiet, as_json=args.json)
+
+
+def run_campaign(recipe: str, settings, *, cluster: str | None = None, model_spec: str | None = None,
+                 mlflow_uri: str | None = None, out: str | None = None, store: str | None = None,
+                 quiet: bool = False, as_json: bool = False) -> int:
+    """Run (or resume) a campaign and print its result. Exit 0 with the result; 130 (SIGINT, a cancel
+    in Prefect) or 143 (SIGTERM) when stopped, with the state saved: the same command resumes it."""
+    quiet_local_prefect()
+    from prefect.exceptions import CancelledRun
+
     from attune import interrupt
     from attune.cli.prefect_api import private_prefect_api
     from attune.flows.campaign import tune_campaign
 
-    from prefect.exceptions import CancelledRun
-
     try:
         with private_prefect_api():
-            result = tune_campaign(args.recipe, settings, cluster=args.cluster, model_spec=args.model_spec,
-                                   mlflow_uri=args.mlflow_uri, out=args.out, store=args.store, quiet=args.quiet)
+            result = tune_campaign(recipe, settings, cluster=cluster, model_spec=model_spec, mlflow_uri=mlflow_uri,
+                                   out=out, store=store, quiet=quiet)
     except CancelledRun:   # the flow stopped as asked (attune.interrupt), its state saved
         stop = interrupt.StopRequested(interrupt.requested() or "cancel")
         print(f"attune: stopped by {stop.reason}, state saved; run the same command again to resume",
               file=sys.stderr)
         return stop.exit_code
-    emit(result, args.json, _text(result))
+    emit(result, as_json, _text(result))
     return 0
 
 

@@ -67,7 +67,7 @@ def _assert_saved_and_resumable(tmp_path: Path, env: dict[str, str]) -> None:
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
-    assert result["trials"] > len(state["trials"]) and result["gpu_hours_used"] <= 40
+    assert result["trials"] >= len(state["trials"]) and result["gpu_hours_used"] <= 40   # a stop in the gate has no trial left
     assert result["lost_gpu_hours"] == pytest.approx(campaign_state(tmp_path / ".attune")["lost_gpu_hours"])
 
 

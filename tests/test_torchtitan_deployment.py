@@ -52,7 +52,7 @@ def test_pool_executor_runs_the_deployment_with_job_variables(monkeypatch, tmp_p
 
 def test_node_entry_sets_the_rendezvous_endpoint(monkeypatch):
     ran = {}
-    for var in ("PET_RDZV_ENDPOINT", "NCCL_DEBUG"):  # node_entry writes these: restored after the test
+    for var in ("PET_RDZV_ENDPOINT", "PET_RDZV_CONF", "NCCL_DEBUG"):  # node_entry writes these: restored after
         monkeypatch.setenv(var, "unset")
     monkeypatch.setattr(node_entry.os, "execvp", lambda prog, argv: ran.update(argv=argv))
     monkeypatch.setenv("JOB_NAME", "trial-abc")
@@ -67,6 +67,21 @@ def test_node_entry_sets_the_rendezvous_endpoint(monkeypatch):
     monkeypatch.setattr(node_entry, "slurm_head", lambda: "gpu-017")
     node_entry.main(["--slurm", "--", "torchrun", "--nnodes", "2"])
     assert node_entry.os.environ["PET_RDZV_ENDPOINT"] == "gpu-017:29500" and ran["argv"][0] == "torchrun"
+
+
+def test_node_entry_makes_the_first_slurm_node_the_c10d_host():
+    assert node_entry.host_conf(None, True) == "is_host=1"
+    assert node_entry.host_conf("read_timeout=120", False) == "read_timeout=120,is_host=0"
+    assert node_entry.host_conf("is_host=0", True) == "is_host=0"  # the caller's decision stands
+
+
+def test_a_cpu_launch_asks_srun_for_no_gpus():
+    from attune.recipe import load_recipe
+    from attune.stacks.torchtitan.render import render_launch
+    launch = render_launch(load_recipe(REPO / "recipes/cpu/llama3_debug_2node.toml"), rdzv_endpoint="env")
+    argv = deployment.srun_argv(launch)
+    assert argv[:3] == ["srun", "--nodes=2", "--ntasks-per-node=1"]
+    assert not [a for a in argv[:argv.index("--")] if a.startswith("--gpus")]
 
 
 @pytest.mark.parametrize("path", ["infra/k8s/torchrun-job-template.json", "infra/slurm/process-job-template.json"])

@@ -4,5 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source .venv/bin/activate
-: "${PREFECT_API_URL:?point PREFECT_API_URL at the campaign's Prefect server}"
+: "${PREFECT_API_URL:?point PREFECT_API_URL at the Prefect server of the campaigns}"
 exec prefect worker start --pool "${ATTUNE_SLURM_POOL:-attune-gpu-slurm}" --type process

@@ -23,15 +23,17 @@ from pathlib import Path
 from typing import Any
 
 from attune.stacks.base import TrialStatus
-from attune.stacks.torchtitan.render import Launch
+from attune.stacks.torchtitan.render import CPU_MODULE, Launch
 from attune.stacks.torchtitan.runner import RunLimits, RunOutcome, run_process
 
 LAUNCHERS = ("k8s", "slurm", "direct")
 
 
 def srun_argv(launch: Launch) -> list[str]:
-    """The torchrun argv run on every node of the Slurm allocation by srun (one task per node)."""
-    return ["srun", f"--nodes={launch.nnodes}", "--ntasks-per-node=1", f"--gpus-per-node={launch.nproc_per_node}",
+    """The torchrun argv run on every node of the Slurm allocation by srun (one task per node).
+    A CPU launch (torchtitan's CPU module: a process is a "GPU") asks for no GPUs."""
+    gpus = [] if CPU_MODULE in launch.argv else [f"--gpus-per-node={launch.nproc_per_node}"]
+    return ["srun", f"--nodes={launch.nnodes}", "--ntasks-per-node=1", *gpus,
             "--kill-on-bad-exit=1", "python", "-m", "attune.stacks.torchtitan.node_entry", "--slurm", "--",
             *launch.argv]
 

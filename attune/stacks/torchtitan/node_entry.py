@@ -4,8 +4,10 @@ the scheduler knows, then become the given command (os.execvp: signals and exit 
 torchrun reads any option it is not given from PET_<OPTION>; rendered pool launches leave out
 --rdzv-endpoint, so PET_RDZV_ENDPOINT set here decides it.
 
-  --slurm   (under srun) endpoint = the allocation's first host (SLURM_JOB_NODELIST), the command
-            after `--` is the torchrun argv.
+  --slurm   (under srun) endpoint = the allocation's first node (SLURM_JOB_NODELIST) at the address
+            Slurm reaches it by (its NodeAddr, which is its name unless slurm.conf says otherwise);
+            that node hosts the c10d store (is_host=1 in PET_RDZV_CONF, 0 on the others, so two
+            nodes on one host cannot both claim it). The command after `--` is the torchrun argv.
   --k8s     (an Indexed Job pod) endpoint = pod 0 of this Job through the headless Service named
             by ATTUNE_RDZV_SUBDOMAIN; pod 0 runs the command after `--` (Prefect's flow-run
             command), every other pod runs the torchrun argv in ATTUNE_TORCHRUN_ARGV.
@@ -25,7 +27,20 @@ PORT = os.environ.get("ATTUNE_RDZV_PORT", "29500")
 def slurm_head() -> str:
     nodelist = os.environ["SLURM_JOB_NODELIST"]
     out = subprocess.run(["scontrol", "show", "hostnames", nodelist], check=True, capture_output=True, text=True)
-    return out.stdout.split()[0]
+    first = out.stdout.split()[0]
+    node = subprocess.run(["scontrol", "show", "node", "--oneliner", first], capture_output=True, text=True)
+    for field in node.stdout.split():
+        if field.startswith("NodeAddr=") and field != "NodeAddr=":
+            return field.split("=", 1)[1]
+    return first
+
+
+def host_conf(conf: str | None, is_host: bool) -> str:
+    """PET_RDZV_CONF with is_host set, unless the caller already decided it."""
+    entries = [e for e in (conf or "").split(",") if e]
+    if not any(e.split("=", 1)[0] == "is_host" for e in entries):
+        entries.append(f"is_host={int(is_host)}")
+    return ",".join(entries)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if args.slurm:
         os.environ["PET_RDZV_ENDPOINT"] = f"{slurm_head()}:{PORT}"
+        os.environ["PET_RDZV_CONF"] = host_conf(os.environ.get("PET_RDZV_CONF"),
+                                                os.environ.get("SLURM_NODEID", "0") == "0")
     elif args.k8s:
         job, subdomain = os.environ["JOB_NAME"], os.environ.get("ATTUNE_RDZV_SUBDOMAIN", "attune-torchrun")
         os.environ["PET_RDZV_ENDPOINT"] = f"{job}-0.{subdomain}:{PORT}"

@@ -154,7 +154,9 @@ class Tracker:
                                      tags=tags | {"mlflow.parentRunId": parent_id, "attune.role": "gate",
                                                   "attune.gate_number": str(number),
                                                   "attune.gate_trainer": str(gate.get("trainer", "proxy")),
-                                                  "attune.gate_passed": str(passed).lower()})
+                                                  "attune.gate_passed": str(passed).lower(),
+                                                  "attune.gate_verdict": str(gate.get("verdict")
+                                                                             or ("passed" if passed else "failed"))})
         now = int(time.time() * 1000)
         figures = {"gpu_hours": gate.get("gpu_hours"), "seconds": gate.get("seconds"),
                    "steps_used": gate.get("steps_used")}

@@ -8,10 +8,15 @@ Layout of a folder (one verdict):
 Each CSV starts with the header `step,loss`; optional further columns, in any order:
   eval_loss   loss on a fixed held-out batch (plain next-token cross-entropy)
   grad_norm   pre-clip global gradient norm
+  lr          the learning rate the step applied
+  tokens      tokens the step's loss was computed over (after masking or dropping)
   expert_imbalance  MoE: coefficient of variation of tokens per expert over the step's batch
   batch_hash  order-independent hash of the step's global batch (data identity; pairs runs that saw
               the same batches)
+  batch_id    any identifier of the step's batch instead (an index, a sample offset): the same use
 A file with only `step,loss` is valid on its own; a column is used only when every run has it.
+Runs of unequal length, or with steps missing (logged every N steps, a gap), are compared on the
+steps every run logged (CurveSet.alignment says how many of each run's were used).
 """
 
 from __future__ import annotations
@@ -29,7 +34,9 @@ from pathlib import Path
 from attune.errors import InputError
 from attune.files import atomic_write_text
 
-OPTIONAL = ("eval_loss", "grad_norm", "expert_imbalance", "batch_hash")
+OPTIONAL = ("eval_loss", "grad_norm", "lr", "tokens", "expert_imbalance", "batch_hash", "batch_id")
+_IDS = ("batch_hash", "batch_id")
+MIN_COMMON_STEPS = 3   # fewer steps logged by every run: nothing to compare
 # Curve metrics the convergence check compares. grad_norm is read and kept as evidence but not
 # compared over the curve: its trajectory spikes at clipping events whose timing is chaotic, the
 # most heavy-tailed metric measured on the proxy (step 1 compares gradient norms exactly).
@@ -51,6 +58,7 @@ class CurveSet:
     baselines: list[Curve]
     candidate: Curve
     manifest: dict
+    alignment: dict = field(default_factory=dict)   # common steps used, and each run's logged steps
 
     @property
     def metrics(self) -> list[str]:
@@ -73,11 +81,16 @@ def _read_csv(path: Path) -> Curve:
     if unknown:
         raise InputError(str(path), f"unknown column(s) {', '.join(unknown)}; allowed after step,loss: "
                                     f"{', '.join(OPTIONAL)}")
+    if len(set(header)) != len(header):
+        raise InputError(str(path), "a column is named twice")
+    if all(h in header for h in _IDS):
+        raise InputError(str(path), "give batch_hash or batch_id, not both")
     body = [r for r in rows[1:] if any(cell.strip() for cell in r)]
     if not body:
         raise InputError(str(path), "no data rows")
-    curve = Curve(name=path.stem, steps=[], columns={h: [] for h in header[1:] if h != "batch_hash"},
-                  hashes=[] if "batch_hash" in header else None)
+    has_id = any(h in header for h in _IDS)
+    curve = Curve(name=path.stem, steps=[], columns={h: [] for h in header[1:] if h not in _IDS},
+                  hashes=[] if has_id else None)
     for n, row in enumerate(body, start=2):
         if len(row) != len(header):
             raise InputError(f"{path}:{n}", f"expected {len(header)} values, got {len(row)}")
@@ -89,17 +102,49 @@ def _read_csv(path: Path) -> Curve:
             raise InputError(f"{path}:{n}", "steps must increase")
         curve.steps.append(step)
         for h, cell in zip(header[1:], row[1:]):
-            if h == "batch_hash":
+            if h in _IDS:
                 curve.hashes.append(cell.strip())
                 continue
             try:
                 value = float(cell)
             except ValueError:
                 raise InputError(f"{path}:{n}", f"{h} must be a number, got {cell!r}") from None
-            if not math.isfinite(value) or (h == "grad_norm" and value <= 0) or (h == "expert_imbalance" and value < 0):
+            if not math.isfinite(value) or (h == "grad_norm" and value <= 0) or \
+                    (h in ("expert_imbalance", "lr", "tokens") and value < 0):
                 raise InputError(f"{path}:{n}", f"{h} is {cell}: the run diverged or logged garbage")
             curve.columns[h].append(value)
     return curve
+
+
+def _restrict(curve: Curve, keep: list[int]) -> None:
+    """Keep the rows of these steps only (sorted, all present in the curve)."""
+    index = {s: i for i, s in enumerate(curve.steps)}
+    rows = [index[s] for s in keep]
+    curve.columns = {h: [v[i] for i in rows] for h, v in curve.columns.items()}
+    if curve.hashes is not None:
+        curve.hashes = [curve.hashes[i] for i in rows]
+    curve.steps = list(keep)
+
+
+def align(runs: list[Curve], folder: Path) -> dict:
+    """Restrict every run to the steps all of them logged; what was used, and what each run had."""
+    common = set(runs[0].steps)
+    for curve in runs[1:]:
+        common &= set(curve.steps)
+    if len(common) < MIN_COMMON_STEPS:
+        short = min(runs, key=lambda c: len(c.steps))
+        raise InputError(str(folder / f"{short.name}.csv"),
+                         f"the runs share only {len(common)} logged step(s) (curves of different length or "
+                         f"steps: {short.name} logs {len(short.steps)}, {short.steps[0]}..{short.steps[-1]}); "
+                         f"need {MIN_COMMON_STEPS}")
+    keep = sorted(common)
+    info = {"steps": len(keep), "first": keep[0], "last": keep[-1],
+            "logged": {c.name: len(c.steps) for c in runs},
+            "dropped": {c.name: len(c.steps) - len(keep) for c in runs if len(c.steps) != len(keep)}}
+    for curve in runs:
+        if len(curve.steps) != len(keep):
+            _restrict(curve, keep)
+    return info
 
 
 def _read_step1(path: Path) -> dict | None:
@@ -131,28 +176,24 @@ def read_curves(folder: Path | str) -> CurveSet:
         curve = _read_csv(path)
         curve.step1 = _read_step1(path.with_suffix(".step1.json"))
         runs.append(curve)
-    first = runs[0]
-    for curve in runs[1:]:
-        if curve.steps != first.steps:
-            raise InputError(str(folder / f"{curve.name}.csv"),
-                             f"curves of different length or steps: {len(curve.steps)} steps "
-                             f"({curve.steps[0]}..{curve.steps[-1]}) vs {first.name}'s {len(first.steps)} "
-                             f"({first.steps[0]}..{first.steps[-1]})")
+    alignment = align(runs, folder)
     manifest_path = folder / "manifest.json"
     manifest = _read_step1(manifest_path) or {}
     if manifest.get("tier", "exact") not in ("exact", "numerics"):
         raise InputError(str(manifest_path), "tier must be exact or numerics")
-    return CurveSet(baselines=runs[:-1], candidate=runs[-1], manifest=manifest)
+    return CurveSet(baselines=runs[:-1], candidate=runs[-1], manifest=manifest, alignment=alignment)
 
 
 def write_curve(path: Path, rows: list[dict], step1: dict | None = None) -> None:
     """One run as CSV (+ its step-1 JSON), each file written whole or not at all."""
     columns = ["step", "loss"] + [c for c in OPTIONAL if rows and rows[0].get(c) is not None]
+    if "batch_hash" in columns and "batch_id" in columns:
+        columns.remove("batch_id")
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(columns)
     for row in rows:
-        writer.writerow([row[c] if c in ("step", "batch_hash") else repr(float(row[c])) for c in columns])
+        writer.writerow([row[c] if c in ("step", *_IDS) else repr(float(row[c])) for c in columns])
     atomic_write_text(path, buf.getvalue())
     if step1 is not None:
         atomic_write_text(path.with_suffix(".step1.json"), json.dumps(step1, indent=1, sort_keys=True))

@@ -7,9 +7,22 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 Kind = Literal["config", "defect", "data", "invariant", "step1", "curve"]
+Outcome = Literal["passed", "failed", "inconclusive"]
+
+
+def _outcome(data: Any) -> Any:
+    """Fill `verdict` from `passed` where it is not given; an old `passed: null` is inconclusive
+    (and not passed)."""
+    if isinstance(data, dict):
+        data = dict(data)
+        if data.get("passed") is None and "passed" in data:
+            data["passed"] = False
+            data.setdefault("verdict", "inconclusive")
+        data.setdefault("verdict", "passed" if data.get("passed") else "failed")
+    return data
 
 
 class Violation(BaseModel):
@@ -71,13 +84,18 @@ class Check(BaseModel):
 
 class ConvergenceVerdict(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    passed: bool | None                 # None: inside the band but near its edge -> need_more_steps
-    need_more_steps: int | None = None  # total steps to run next, when passed is None
+    passed: bool                        # verdict == "passed"
+    verdict: Outcome                    # inconclusive: inside the band but near its edge -> need_more_steps
+    need_more_steps: int | None = None  # when inconclusive: the run length (last step) that would decide it
     reason: str
     mode: Literal["paired", "unpaired"]
     paired_with: list[str] = []
+    pairing: Literal["batch_ids", "inferred", "none"] = "none"   # how paired_with was found
+    pairing_evidence: dict[str, Any] = {}   # inferred: the correlations and the threshold (gate/pairing.py)
     tier: Literal["exact", "numerics"] = "exact"
-    steps_used: int
+    steps_used: int                     # steps every run logged (the comparison's length)
+    last_step: int | None = None        # the last of them
+    alignment: dict[str, Any] = {}      # runs of unequal length or with gaps: what each run logged
     replicates: int
     statistic: dict[str, Any] = {}      # the check closest to (or past) its tolerance
     band: dict[str, dict[str, list[float]]] = {}   # per metric: step, center, halfwidth
@@ -85,10 +103,19 @@ class ConvergenceVerdict(BaseModel):
     checks: list[Check] = []
     plot: str | None = None
 
+    _fill = model_validator(mode="before")(_outcome)
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.passed != (self.verdict == "passed"):
+            raise ValueError(f"passed={self.passed} contradicts verdict={self.verdict!r}")
+        return self
+
 
 class GateReport(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    passed: bool
+    passed: bool                  # verdict == "passed": an inconclusive gate is not passed
+    verdict: Outcome
     config: ConfigVerdict
     convergence: ConvergenceVerdict | None = None
     note: str = ""
@@ -97,3 +124,11 @@ class GateReport(BaseModel):
     seconds: float | None = None
     trainer: str = "proxy"        # whose curves the convergence check read: proxy | torchtitan
     gpu_hours: float = 0.0        # what the gate's own runs held (the proxy runs on the CPU: 0)
+
+    _fill = model_validator(mode="before")(_outcome)
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.passed != (self.verdict == "passed"):
+            raise ValueError(f"passed={self.passed} contradicts verdict={self.verdict!r}")
+        return self

@@ -134,7 +134,7 @@ def write_folder(folder: Path, runs: dict[str, ProxyRun], manifest: dict) -> Pat
 
 def _curves_only(verdict) -> bool:
     kinds = {c.kind for c in verdict.checks if not c.passed}
-    return verdict.passed is False and kinds == {"curve"}
+    return verdict.verdict == "failed" and kinds == {"curve"}
 
 
 def converge(baseline: Recipe, candidate: Recipe, config: ConfigVerdict, workdir: Path, steps: int,
@@ -155,7 +155,7 @@ def converge(baseline: Recipe, candidate: Recipe, config: ConfigVerdict, workdir
         runs = dict(zip(plan, run_all(list(plan.values()), workers)))
         folder = write_folder(workdir / "curves", runs, manifest)
         verdict = check_convergence(folder, workdir, max_steps=max_steps)
-        if verdict.passed is None and verdict.need_more_steps is not None:
+        if verdict.verdict == "inconclusive" and verdict.need_more_steps is not None:
             steps = verdict.need_more_steps
             continue
         if first is None and _curves_only(verdict):
@@ -182,7 +182,7 @@ def verify(baseline: Recipe, candidate: Recipe, workdir: Path, steps: int | None
                           note="config check failed: the proxy was not run",
                           seconds=round(time.perf_counter() - start, 2))
     verdict = converge(baseline, candidate, config, workdir, steps or DEFAULT_STEPS, replicates, seed)
-    return GateReport(passed=bool(verdict.passed), config=config, convergence=verdict,
+    return GateReport(passed=verdict.passed, verdict=verdict.verdict, config=config, convergence=verdict,
                       steps_used=verdict.steps_used, plot=verdict.plot,
                       note=f"proxy: {verdict.replicates} replicates, {verdict.mode}, tier {verdict.tier}",
                       seconds=round(time.perf_counter() - start, 2))

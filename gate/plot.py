@@ -40,7 +40,7 @@ def plot_verdict(curves, zs: dict, verdict, path: Path) -> Path:
         bottom.axhline(0, color="0.5", lw=0.5)
         bottom.set_ylabel("z = diff / sd", fontsize=8)
         bottom.set_xlabel("step", fontsize=8)
-    state = {True: "PASS", False: "FAIL", None: "MORE STEPS"}[verdict.passed]
+    state = {"passed": "PASS", "failed": "FAIL", "inconclusive": "INCONCLUSIVE"}[verdict.verdict]
     fig.suptitle(f"{state} ({verdict.mode}, {verdict.steps_used} steps, {verdict.replicates} replicates): "
                  f"{verdict.statistic.get('name', '')}", fontsize=9)
     fig.tight_layout()

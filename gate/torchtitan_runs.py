@@ -178,7 +178,7 @@ def converge(baseline: Recipe, candidate: Recipe, config: ConfigVerdict, workdir
         folder = write_folder(Path(workdir) / "curves", {n: (r.rows, r.step1) for n, r in results.items()},
                               manifest, info)
         verdict = check_convergence(folder, workdir, max_steps=max_steps)
-        if verdict.passed is None and verdict.need_more_steps is not None:
+        if verdict.verdict == "inconclusive" and verdict.need_more_steps is not None:
             # the longer runs start from step 1 again: they cost this round's runs times the step ratio
             next_cost = (runner.gpu_hours - round_before) * verdict.need_more_steps / steps
             spent = runner.gpu_hours - spent_before
@@ -209,9 +209,11 @@ def verify(baseline: Recipe, candidate: Recipe, workdir: Path, stack: Torchtitan
                                 max_gpu_hours=max_gpu_hours)
     spent = runner.gpu_hours - spent_before
     if verdict is None:
-        return GateReport(passed=False, config=config, note=f"no verdict: {failure}", trainer="torchtitan",
+        return GateReport(passed=False, verdict="inconclusive" if failure.startswith("the check needs") else "failed",
+                          config=config, note=f"no verdict: {failure}", trainer="torchtitan",
                           seconds=round(time.perf_counter() - start, 2), gpu_hours=spent)
-    return GateReport(passed=bool(verdict.passed), config=config, convergence=verdict, steps_used=verdict.steps_used,
+    return GateReport(passed=verdict.passed, verdict=verdict.verdict, config=config, convergence=verdict,
+                      steps_used=verdict.steps_used,
                       plot=verdict.plot, trainer="torchtitan", gpu_hours=spent,
                       note=f"torchtitan: {verdict.replicates} replicates, {verdict.mode}, tier {verdict.tier}",
                       seconds=round(time.perf_counter() - start, 2))

@@ -63,7 +63,8 @@ def final_message(c: Campaign) -> str:
         return f"{search}; shipped {c.state.recipe_out}"
     gate = c.state.gate
     if gate is not None and not gate.get("passed"):
-        return f"{search}; gate failed ({_why(gate)}), kept the baseline recipe"
+        outcome = "inconclusive" if gate.get("verdict") == "inconclusive" else "failed"
+        return f"{search}; gate {outcome} ({_why(gate)}), kept the baseline recipe"
     return f"{search}; kept the baseline recipe"
 
 
@@ -71,8 +72,13 @@ def _why(gate: dict[str, Any]) -> str:
     why = [v.get("field", "") + ": " + v.get("reason", "") for v in gate.get("config", {}).get("violations", [])]
     why += [d.get("id", "") for d in gate.get("config", {}).get("defects", [])]
     conv = gate.get("convergence") or {}
-    if conv and conv.get("passed") is False:
+    if conv and conv.get("verdict") == "inconclusive":
+        steps = conv.get("need_more_steps")
+        why.append("convergence inconclusive" + (f": about {steps} steps would decide it" if steps else ""))
+    elif conv and conv.get("passed") is False:
         why.append("convergence: " + str(conv.get("reason", "loss curve outside the baseline band")))
+    if not why and gate.get("note"):
+        why.append(str(gate["note"]))
     return "; ".join(why) or "see gate report"
 
 

@@ -9,7 +9,8 @@ processes) and charges them as GPU-hours.
 
 One parser with an optional action, so the bare form (`attune gate --baseline ...`) and the
 sub-action form (`attune gate eval ...`) both parse as written. Exit codes: 0 the gate passed,
-1 it failed, 2 bad input (one line on stderr).
+1 it failed, 2 bad input (one line on stderr), 3 inconclusive (not passed: the verdict says how many
+steps would decide it).
 """
 
 from __future__ import annotations
@@ -23,7 +24,25 @@ from attune.cli.common import emit
 from attune.errors import InputError
 from attune.recipe import load_recipe
 
-_CHECK_ONLY = ("baseline", "candidate", "curves", "proxy", "workdir")
+_CHECK_ONLY = ("baseline", "candidate", "curves", "proxy", "pairing", "workdir")
+EXIT = {"passed": 0, "failed": 1, "inconclusive": 3}
+
+CURVES_HELP = """\
+curves folder (--curves DIR): baseline-1.csv .. baseline-k.csv (k >= 2 replicates of the baseline,
+same seed; put at least two on the candidate's data order) and candidate.csv, one row per logged step.
+  header   step,loss[,optional columns in any order]
+  eval_loss        loss on a fixed held-out batch
+  grad_norm        pre-clip global gradient norm (its first common step is compared)
+  lr               the learning rate the step applied (must equal the replicates')
+  tokens           tokens the step's loss covered, after masking or dropping
+  batch_id         an id of the step's batch (index, sample offset, hash): exact pairing
+  batch_hash       the same, as a hash (the gate's own runs write it)
+  expert_imbalance MoE: coefficient of variation of tokens per expert
+A column counts only when every file has it. Runs of unequal length or with missing steps are
+compared on the steps all of them logged. Without batch ids, the replicates that saw the
+candidate's batches are found from the curves (their step-to-step loss movements correlate):
+--pairing off judges the candidate against all replicates instead.
+verdict: passed | failed | inconclusive (exit 0 | 1 | 3); inconclusive says how many steps decide it."""
 _EVAL_ONLY = ("quick", "only", "workers")
 
 
@@ -32,12 +51,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "gate", help="correctness gate: config check, known defects, convergence (or `gate eval`: its fault suite)",
         description="attune gate [check] --baseline A --candidate B [--curves DIR | --proxy | --stack torchtitan] "
                     "[--json]\nattune gate eval [--stack sim|torchtitan] [--steps N] [--quick] [--json]",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=CURVES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     gate.add_argument("action", nargs="?", choices=("check", "eval"), default="check",
                       help="check (default): judge a candidate; eval: run the fault and legitimate suites")
     gate.add_argument("--baseline", metavar="RECIPE", help="the baseline recipe (check)")
     gate.add_argument("--candidate", metavar="RECIPE", help="the candidate recipe (check)")
-    gate.add_argument("--curves", metavar="DIR", help="curves folder: baseline-1.csv ... and candidate.csv (check)")
+    gate.add_argument("--curves", metavar="DIR",
+                      help="curves folder: baseline-1.csv ... and candidate.csv, header step,loss[,...] (check; "
+                           "columns below)")
+    gate.add_argument("--pairing", choices=("auto", "off"),
+                      help="--curves without batch ids: auto (default) pairs the candidate with the replicates "
+                           "whose loss movements show its batches; off compares it with all of them (check)")
     gate.add_argument("--proxy", action="store_true",
                       help="train real curves on the CPU proxy and run the convergence check on them (check)")
     gate.add_argument("--stack", choices=("sim", "torchtitan"), default="sim",
@@ -82,6 +106,8 @@ def _check(args: argparse.Namespace) -> int:
             raise InputError(f"--{flag}", "required (attune gate --baseline A.toml --candidate B.toml)")
     if args.curves and args.proxy:
         raise InputError("--curves", "give either --curves DIR or --proxy, not both")
+    if args.pairing and not args.curves:
+        raise InputError("--pairing", "only with --curves DIR (the gate's own runs record batch hashes)")
     if args.stack == "torchtitan" and (args.curves or args.proxy):
         raise InputError("--stack", "torchtitan makes its own curves: drop --curves / --proxy")
     baseline, candidate = load_recipe(args.baseline), load_recipe(args.candidate)
@@ -97,12 +123,12 @@ def _check(args: argparse.Namespace) -> int:
     else:
         config = check_config(baseline, candidate)
         if args.curves:
-            verdict = check_convergence(Path(args.curves), Path(args.workdir) if args.workdir else None)
-            passed = config.passed and verdict.passed is True
-            note = verdict.reason if verdict.passed is not None else \
-                f"inconclusive: {verdict.reason} (rerun with {verdict.need_more_steps} steps)"
-            report = GateReport(passed=passed, config=config, convergence=verdict, note=note,
-                                steps_used=verdict.steps_used, plot=verdict.plot)
+            verdict = check_convergence(Path(args.curves), Path(args.workdir) if args.workdir else None,
+                                        infer_pairing=args.pairing != "off")
+            outcome = verdict.verdict if config.passed else "failed"
+            note = verdict.reason if config.passed else "config check failed; convergence: " + verdict.reason
+            report = GateReport(passed=outcome == "passed", verdict=outcome, config=config, convergence=verdict,
+                                note=note, steps_used=verdict.steps_used, plot=verdict.plot)
         else:
             numerics = bool(config.numerics_change)
             note = "config check only: no curves given, convergence not checked"
@@ -110,7 +136,7 @@ def _check(args: argparse.Namespace) -> int:
                 note += "; a numerics change needs the convergence check (--curves DIR or --proxy)"
             report = GateReport(passed=config.passed and not numerics, config=config, convergence=None, note=note)
     emit(report.model_dump(mode="json"), args.json, _text(report))
-    return 0 if report.passed else 1
+    return EXIT[report.verdict]
 
 
 def _say(_args: argparse.Namespace):
@@ -119,7 +145,8 @@ def _say(_args: argparse.Namespace):
 
 
 def _text(report) -> str:
-    lines = [f"gate: {'PASS' if report.passed else 'FAIL'} ({report.note})"]
+    state = {"passed": "PASS", "failed": "FAIL", "inconclusive": "INCONCLUSIVE"}[report.verdict]
+    lines = [f"gate: {state} ({report.note})"]
     for v in report.config.violations:
         lines.append(f"  objective field {v.field}: {v.reason} (baseline {v.baseline!r}, candidate {v.candidate!r})")
     for d in report.config.defects:
@@ -128,8 +155,12 @@ def _text(report) -> str:
         lines.append(f"  numerics change {n.field}: {n.reason}")
     if report.convergence is not None:
         c = report.convergence
-        lines.append(f"  convergence: {c.reason}; {c.mode}, {c.steps_used} steps, {c.replicates} replicates; "
+        paired = f"paired with {', '.join(c.paired_with)} ({c.pairing.replace('_', ' ')})" if c.paired_with \
+            else "unpaired"
+        lines.append(f"  convergence: {c.verdict}; {paired}, {c.steps_used} steps, {c.replicates} replicates; "
                      f"worst {c.statistic.get('name')} (ratio {c.statistic.get('ratio')}); plot {c.plot}")
+        if c.verdict == "inconclusive" and c.need_more_steps:
+            lines.append(f"  inconclusive: about {c.need_more_steps} steps would decide it")
     return "\n".join(lines)
 
 

@@ -25,6 +25,13 @@ def _outcome(data: Any) -> Any:
     return data
 
 
+def _agrees(model):
+    """`passed` is the verdict "passed", nothing else (both fields are kept for older readers)."""
+    if model.passed != (model.verdict == "passed"):
+        raise ValueError(f"passed={model.passed} contradicts verdict={model.verdict!r}")
+    return model
+
+
 class Violation(BaseModel):
     """An objective-changing field whose effective value differs (or cannot be shown equal)."""
     model_config = ConfigDict(extra="forbid")
@@ -104,12 +111,7 @@ class ConvergenceVerdict(BaseModel):
     plot: str | None = None
 
     _fill = model_validator(mode="before")(_outcome)
-
-    @model_validator(mode="after")
-    def _consistent(self):
-        if self.passed != (self.verdict == "passed"):
-            raise ValueError(f"passed={self.passed} contradicts verdict={self.verdict!r}")
-        return self
+    _consistent = model_validator(mode="after")(_agrees)
 
 
 class GateReport(BaseModel):
@@ -126,9 +128,4 @@ class GateReport(BaseModel):
     gpu_hours: float = 0.0        # what the gate's own runs held (the proxy runs on the CPU: 0)
 
     _fill = model_validator(mode="before")(_outcome)
-
-    @model_validator(mode="after")
-    def _consistent(self):
-        if self.passed != (self.verdict == "passed"):
-            raise ValueError(f"passed={self.passed} contradicts verdict={self.verdict!r}")
-        return self
+    _consistent = model_validator(mode="after")(_agrees)

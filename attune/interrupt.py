@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -32,10 +33,6 @@ class StopRequested(Exception):
     def __init__(self, reason: str):
         super().__init__(f"stopped by {reason}")
         self.reason = reason
-
-    @property
-    def exit_code(self) -> int:
-        return EXIT_CODES.get(self.reason, 130)
 
 
 def request_stop(reason: str) -> None:
@@ -87,3 +84,20 @@ def stop_on_signals() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def end_process_group(proc: subprocess.Popen, grace_s: float, kill_wait_s: float = 10.0) -> None:
+    """End a child started in a session of its own, with everything it started: SIGTERM to its
+    process group, SIGKILL if it has not exited after grace_s."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, kill_wait_s)):
+        if proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue

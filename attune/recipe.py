@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import functools
 import math
-import tomllib
 from pathlib import Path
 from typing import Any
 
 import tomli_w
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
-from attune.data_files import read_text
+from attune.data_files import read_toml
 from attune.errors import InputError
 from attune.files import atomic_write_text
 from attune.layout import Layout, resolve_layout
@@ -130,11 +129,7 @@ def load_recipe(path: Path | str) -> Recipe:
     """A recipe file as users write them: its [config] keys must be fields ATTUNE knows (a typo
     would otherwise be shipped as written and never take effect)."""
     path = Path(path)
-    text = read_text(path, "recipe file")
-    try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as err:
-        raise InputError(str(path), f"not valid TOML ({err})") from None
+    raw = read_toml(path, "recipe file")
     if isinstance(raw.get("config"), dict):
         for key in _config(raw["config"], str(path)):
             check_config_key(key, f"{path}: config.{key}")

@@ -83,8 +83,8 @@ class Tracker:
     def log_missing_trials(self, parent_id: str, state: CampaignState, recipe_of: Callable[[TrialRecord], str],
                            tags: dict[str, str]) -> list[int]:
         """Give every recorded trial without a saved MLflow run id its run: the one logged before a
-        kill if it was finished, else a new one (a run cut off half-way is deleted). The indexes
-        logged anew."""
+        kill if it was finished, else a new one (a run cut off half-way is deleted). The indexes of
+        the trials given an id (the state must be saved when there are any)."""
         missing = [t for t in state.trials if t.mlflow_run_id is None]
         if not missing:
             return []
@@ -97,14 +97,9 @@ class Tracker:
                 found[index] = run.info.run_id
             else:
                 self.client.delete_run(run.info.run_id)
-        logged = []
         for record in missing:
-            if record.index in found:
-                record.mlflow_run_id = found[record.index]
-            else:
-                record.mlflow_run_id = self.log_trial(parent_id, record, recipe_of(record), tags)
-                logged.append(record.index)
-        return logged
+            record.mlflow_run_id = found.get(record.index) or self.log_trial(parent_id, record, recipe_of(record), tags)
+        return [t.index for t in missing]
 
     def log_trial(self, parent_id: str, record: TrialRecord, recipe_toml: str, tags: dict[str, str],
                   extra_artifacts: dict[str, str] | None = None) -> str:

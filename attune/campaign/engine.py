@@ -18,10 +18,10 @@ from attune.campaign.context import Campaign, CampaignSettings
 from attune.campaign.diagnosis import diagnose
 from attune.campaign.gate_runs import gate_reserve, probe_layout
 from attune.campaign.noise import MIN_RELATIVE_SD, clears_band, gain_is_real, relative_sd, search_band
-from attune.campaign.state import CampaignState, PendingTrial, Role, TrialRecord, campaign_id
+from attune.campaign.state import CampaignState, PendingTrial, Role, TrialRecord, campaign_folder, campaign_id
 from attune.campaign.tier import gate_verdict
 from attune.errors import InputError
-from attune.files import attune_home, try_lock
+from attune.files import try_lock
 from attune.levers import layout_key
 from attune.planners.base import Observation, PlannerView, Proposal
 from attune.planners.registry import make_planner
@@ -56,7 +56,7 @@ def open_campaign(recipe: Recipe, settings: CampaignSettings, home: Path | None 
                                                f"run of this recipe (about {one_run:.2f} GPU-hours)")
     toml = dump_recipe(recipe)
     cid = campaign_id(toml, **settings.identity())
-    directory = campaign_directory(recipe, settings, home)
+    directory = campaign_folder(recipe.name, cid, home)
     lock = _hold_lock(directory)
     path = directory / "state.json"
     try:
@@ -81,8 +81,7 @@ def open_campaign(recipe: Recipe, settings: CampaignSettings, home: Path | None 
 def campaign_directory(recipe: Recipe, settings: CampaignSettings, home: Path | None = None) -> Path:
     """Where the campaign of this recipe and these settings keeps its state (the same command, the
     same folder: that is how a re-run resumes)."""
-    cid = campaign_id(dump_recipe(recipe), **settings.identity())
-    return (home or attune_home()) / "campaigns" / f"{recipe.name}-{cid}"
+    return campaign_folder(recipe.name, campaign_id(dump_recipe(recipe), **settings.identity()), home)
 
 
 def check_resumable(recipe: Recipe, settings: CampaignSettings, home: Path | None = None) -> None:

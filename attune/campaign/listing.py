@@ -16,9 +16,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from attune.campaign.state import CampaignState, DamagedState, TrialRecord
+from attune.campaign.state import CampaignState, DamagedState, TrialRecord, campaigns_dir
 from attune.errors import InputError
-from attune.files import attune_home, try_lock
+from attune.files import try_lock
 
 Status = Literal["done", "stopped", "running", "damaged"]
 
@@ -42,10 +42,6 @@ class CampaignSummary(BaseModel):
     shipped: str | None = None       # the shipped recipe's path
     mlflow_run_id: str | None = None
     problem: str | None = None       # why a damaged state cannot be read
-
-
-def campaigns_dir(home: Path | None = None) -> Path:
-    return (home or attune_home()) / "campaigns"
 
 
 def list_campaigns(home: Path | None = None) -> list[CampaignSummary]:

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ValidationError
 from attune.campaign.budget import Budget
 from attune.campaign.diagnosis import Symptom
 from attune.errors import InputError
-from attune.files import atomic_write_text
+from attune.files import atomic_write_text, attune_home
 from attune.stacks.base import TrialResult
 from attune.validation import first_error
 
@@ -142,3 +142,12 @@ def campaign_id(recipe_toml: str, **settings: Any) -> str:
     """Same recipe and settings, same campaign: a re-run of the same command resumes it."""
     text = recipe_toml + json.dumps(settings, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def campaigns_dir(home: Path | None = None) -> Path:
+    """Where every campaign keeps its folder: $ATTUNE_HOME/campaigns."""
+    return (home or attune_home()) / "campaigns"
+
+
+def campaign_folder(recipe_name: str, cid: str, home: Path | None = None) -> Path:
+    return campaigns_dir(home) / f"{recipe_name}-{cid}"

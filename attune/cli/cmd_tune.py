@@ -51,10 +51,9 @@ def run_campaign(recipe: str, settings, *, cluster: str | None = None, model_spe
             result = tune_campaign(recipe, settings, cluster=cluster, model_spec=model_spec, mlflow_uri=mlflow_uri,
                                    out=out, store=store, quiet=quiet)
     except CancelledRun:   # the flow stopped as asked (attune.interrupt), its state saved
-        stop = interrupt.StopRequested(interrupt.requested() or "cancel")
-        print(f"attune: stopped by {stop.reason}, state saved; run the same command again to resume",
-              file=sys.stderr)
-        return stop.exit_code
+        reason = interrupt.requested() or "cancel"
+        print(f"attune: stopped by {reason}, state saved; run the same command again to resume", file=sys.stderr)
+        return interrupt.EXIT_CODES.get(reason, 130)
     emit(result, as_json, _text(result))
     return 0
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -23,6 +22,7 @@ import urllib.request
 from collections.abc import Iterator
 
 from attune.errors import InputError
+from attune.interrupt import end_process_group
 
 START_TIMEOUT_S = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS") or 120)
 
@@ -41,53 +41,36 @@ def _healthy(api_url: str) -> bool:
         return False
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-        if proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=wait_s)
-            return
-
-
-@contextlib.contextmanager
-def _unset_on_exit(name: str) -> Iterator[None]:
-    try:
-        yield
-    finally:
-        os.environ.pop(name, None)
-
-
 @contextlib.contextmanager
 def private_prefect_api() -> Iterator[str | None]:
     """The API URL the command's flows use: PREFECT_API_URL as set, else a server started here."""
     if os.environ.get("PREFECT_API_URL"):
         yield os.environ["PREFECT_API_URL"]
         return
-    api_url = f"http://127.0.0.1:{_free_port()}/api"
+    port = _free_port()
+    api_url = f"http://127.0.0.1:{port}/api"
+    server_env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_UI_ENABLED="false")
     # before Prefect is imported: its root settings, which threads without our context see, read it then
     os.environ["PREFECT_API_URL"] = api_url
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    try:
+        from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    host, port = api_url.removeprefix("http://").removesuffix("/api").split(":")
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"} | {
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_ENABLED": "false"}
-    with tempfile.TemporaryFile("w+") as log, _unset_on_exit("PREFECT_API_URL"):
-        proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", port,
-                                 "--no-ui"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True)
-        try:
-            deadline = time.monotonic() + START_TIMEOUT_S
-            while not _healthy(api_url):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    log.seek(0)
-                    last = (log.read().strip().splitlines() or ["no output"])[-1][:200]
-                    raise InputError("PREFECT_HOME", f"the local Prefect API did not start ({last}); set "
-                                                     f"PREFECT_API_URL to use a running server")
-                time.sleep(0.1)
-            with temporary_settings(updates={PREFECT_API_URL: api_url}):
-                yield api_url
-        finally:
-            _stop(proc)
+        with tempfile.TemporaryFile("w+") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                                     "--port", str(port), "--no-ui"], stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=server_env, start_new_session=True)
+            try:
+                deadline = time.monotonic() + START_TIMEOUT_S
+                while not _healthy(api_url):
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        log.seek(0)
+                        last = (log.read().strip().splitlines() or ["no output"])[-1][:200]
+                        raise InputError("PREFECT_HOME", f"the local Prefect API did not start ({last}); set "
+                                                         f"PREFECT_API_URL to use a running server")
+                    time.sleep(0.1)
+                with temporary_settings(updates={PREFECT_API_URL: api_url}):
+                    yield api_url
+            finally:
+                end_process_group(proc, grace_s=10.0, kill_wait_s=5.0)
+    finally:
+        os.environ.pop("PREFECT_API_URL", None)

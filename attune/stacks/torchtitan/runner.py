@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import queue
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -71,22 +70,6 @@ def _reader(stream, lines: queue.Queue) -> None:
     lines.put(None)
 
 
-def _stop(proc: subprocess.Popen, grace_s: float) -> None:
-    """SIGTERM the child's process group, SIGKILL it if it has not exited after grace_s."""
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-        if proc.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 def run_process(argv: list[str], env: dict[str, str], log_path: Path | str, limits: RunLimits = RunLimits(),
                 cwd: Path | str | None = None, on_step: Callable[[StepMetrics], None] | None = None) -> RunOutcome:
     """Run argv (no shell) with env added to this process's environment; never raises for a
@@ -138,7 +121,7 @@ def run_process(argv: list[str], env: dict[str, str], log_path: Path | str, limi
             elif interrupt.requested():   # Ctrl-C, SIGTERM or a cancel: end the processes, charge what ran
                 stopped = f"{STOP_ASKED} ({interrupt.requested()})"
             if stopped:
-                _stop(proc, limits.grace_s)
+                interrupt.end_process_group(proc, limits.grace_s)
                 break
         returncode = proc.wait()
         if stopped:

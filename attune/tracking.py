@@ -114,14 +114,18 @@ class Tracker:
         metrics = [Metric(name, float(value), now, 0) for name, value in (
             ("tokens_per_sec_per_gpu", record.result.tokens_per_sec_per_gpu), ("mfu", record.result.mfu),
             ("step_time_s", record.result.step_time_s), ("peak_memory_gib", record.result.peak_memory_gib),
-            ("gpu_hours", record.result.gpu_hours), ("wall_time_s", record.result.wall_time_s)) if value is not None]
+            ("gpu_hours", record.result.gpu_hours), ("wall_time_s", record.result.wall_time_s),
+            ("allocation_s", record.result.breakdown.get("allocation_s"))) if value is not None]
+        # what held the GPUs where a scheduler says so (a pooled trial: "slurm job 12")
+        allocation = [RunTag("attune.allocation", str(record.result.breakdown["allocation"]))
+                      ] if record.result.breakdown.get("allocation") else []
         for step in record.result.steps:
             for name in ("loss", "tps", "mfu", "memory_gib", "grad_norm"):
                 value = getattr(step, name)
                 if value is not None:
                     metrics.append(Metric(f"step_{name}", float(value), now, step.step))
         self.client.log_batch(run.info.run_id, metrics=metrics[:1000], params=params,
-                              tags=[RunTag("attune.lesson", record.lesson_id or "")])
+                              tags=[RunTag("attune.lesson", record.lesson_id or "")] + allocation)
         self.client.log_text(run.info.run_id, recipe_toml, "recipe.toml")
         self.client.log_text(run.info.run_id, json.dumps({"diagnosis": [s.model_dump() for s in record.diagnosis],
                                                           "move": record.move, "rationale": record.rationale,

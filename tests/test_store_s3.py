@@ -4,13 +4,6 @@ subprocess on 127.0.0.1 and stopped by its pid (no in-process patching)."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 import uuid
 
 import boto3
@@ -19,43 +12,18 @@ from botocore.exceptions import ClientError
 
 from attune.cli.main import main
 from attune.store import StoreError, open_store
+from prefect_server import free_port
+from s3_server import s3_server
 from test_store import check_race_outcome, make_entry, race, racing_entries
 
 SECRET = "sEcReT-do-not-print-0123456789abcdef"
 KEY_ID = "AKIAKEYIDNEVERSHOWN"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def s3_endpoint(tmp_path_factory):
-    port = _free_port()
-    log = tmp_path_factory.mktemp("moto") / "moto.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                                stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            urllib.request.urlopen(url, timeout=1).close()
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                os.kill(proc.pid, signal.SIGKILL)
-                pytest.fail(f"moto server did not start:\n{log.read_text()}")
-            time.sleep(0.1)
-    yield url
-    os.kill(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+    with s3_server(tmp_path_factory.mktemp("moto")) as url:
+        yield url
 
 
 @pytest.fixture
@@ -115,7 +83,7 @@ def test_s3_errors_name_the_store_never_endpoint_or_credentials(bucket, s3_endpo
         missing.list()
     assert "bucket does not exist" in str(err.value)
     port = s3_endpoint.rsplit(":", 1)[1]
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{_free_port()}")  # nothing listens
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
     dead = open_store(f"s3://{bucket}/p")
     with pytest.raises(StoreError) as err:

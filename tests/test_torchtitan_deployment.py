@@ -38,16 +38,21 @@ def test_pool_executor_runs_the_deployment_with_job_variables(monkeypatch, tmp_p
                "log_path": "x", "stopped": None}
 
     def fake_run_deployment(name, parameters, job_variables, timeout, as_subflow):
-        calls.update(name=name, parameters=parameters, job_variables=job_variables)
-        state = types.SimpleNamespace(is_completed=lambda: True, result=lambda: outcome, name="Completed")
-        return types.SimpleNamespace(id="run-1", state=state, total_run_time=dt.timedelta(seconds=80))
+        calls.update(name=name, parameters=parameters, job_variables=job_variables, timeout=timeout)
+        return types.SimpleNamespace(id="run-1", state=None, total_run_time=dt.timedelta(0))
 
+    state = types.SimpleNamespace(is_completed=lambda: True, result=lambda: outcome, name="Completed")
+    finished = types.SimpleNamespace(id="run-1", state=state, total_run_time=dt.timedelta(seconds=80))
+
+    # the Kubernetes pool's job variables (no cluster here); the real path runs in test_slurm_pool.py
     import prefect.deployments
     monkeypatch.setattr(prefect.deployments, "run_deployment", fake_run_deployment)
+    monkeypatch.setattr(deployment, "follow_flow_run", lambda run_id, timeout_s: (finished, None))
     result = deployment.pool_executor("attune-torchrun-trial/gpu-k8s")(LAUNCH, tmp_path / "t.log", RunLimits(), tmp_path)
     assert result.status == TrialStatus.OK and result.wall_time_s == 80.0  # the pods' run time is charged
     assert calls["job_variables"]["nnodes"] == 2 and json.loads(calls["job_variables"]["torchrun_argv"]) == LAUNCH.argv
     assert calls["parameters"]["launcher"] == "k8s"
+    assert calls["timeout"] == 0  # submitted, then followed (and cancelled on a stop) by follow_flow_run, not waited on
 
 
 def test_node_entry_sets_the_rendezvous_endpoint(monkeypatch):

@@ -3,6 +3,9 @@
     1. work pools of deployments/pools.toml (created, or updated to the job templates in infra/)
     2. one tag concurrency limit per GPU pool (gpu-pool:<pool>): two campaigns never oversubscribe it
     3. `prefect deploy` of deployments/prefect.yaml, from the repo root (entrypoints are relative to it)
+    4. with --result-storage s3://BUCKET/PREFIX: the S3 result-storage block trial results travel
+       through (worker and campaign rarely share a disk); workers run with
+       PREFECT_RESULTS_DEFAULT_STORAGE_BLOCK=s3-bucket/attune-results
 
 The server is PREFECT_API_URL (or --api-url); deploying to Prefect's throwaway ephemeral server would
 register nothing anyone could see, so an unset URL is an error.
@@ -37,6 +40,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--image", default=os.environ.get("ATTUNE_WORKER_IMAGE", DEFAULT_IMAGE),
                    help=f"worker image of the Kubernetes deployments (default $ATTUNE_WORKER_IMAGE or {DEFAULT_IMAGE})")
     p.add_argument("--no-deployments", action="store_true", help="pools and concurrency limits only")
+    p.add_argument("--result-storage", metavar="S3_URL",
+                   help="s3://BUCKET/PREFIX: create the result-storage block s3-bucket/attune-results there "
+                        "(credentials from the usual AWS variables; the bucket must exist)")
+    p.add_argument("--s3-endpoint-url", metavar="URL", default=os.environ.get("AWS_ENDPOINT_URL_S3")
+                   or os.environ.get("AWS_ENDPOINT_URL"),
+                   help="S3 endpoint of --result-storage (default $AWS_ENDPOINT_URL_S3 or $AWS_ENDPOINT_URL: AWS)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
 
@@ -47,14 +56,17 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--api-url", "no Prefect server: set PREFECT_API_URL or pass --api-url "
                                       "(e.g. http://127.0.0.1:4200/api)")
     pools, slots = load_pools(Path(args.pools))
+    storage = check_result_storage(args.result_storage, args.s3_endpoint_url) if args.result_storage else None
     prefect_file = Path(args.prefect_file).resolve()
     root = prefect_file.parent.parent  # entrypoints in prefect.yaml are relative to the repo root
     wanted, skipped = deployments_to_register(prefect_file, root, args.name)
     report: dict[str, Any] = {"api_url": api_url, "pools": [], "concurrency_limits": {}, "deployments": [],
-                              "skipped": skipped}
+                              "skipped": skipped, "result_storage": None}
     with _client(api_url) as client:
         report["pools"] = ensure_pools(client, pools)
         report["concurrency_limits"] = ensure_gpu_limits(client, slots)
+    if storage is not None:
+        report["result_storage"] = ensure_result_storage(api_url, *storage)
     for name, why in skipped.items():
         print(f"attune deploy: skipped {name}: {why}", file=sys.stderr)
     if not args.no_deployments and wanted:
@@ -150,6 +162,46 @@ def ensure_gpu_limits(client, slots: dict[str, int]) -> dict[str, int]:
     return done
 
 
+RESULT_BLOCK = "attune-results"
+
+
+def check_result_storage(url: str, endpoint_url: str | None) -> tuple[str, str, str | None]:
+    """(bucket, prefix, endpoint) of an s3:// URL whose bucket answers; InputError otherwise."""
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    if not url.startswith("s3://") or not url[5:].split("/", 1)[0]:
+        raise InputError("--result-storage", f"must be s3://BUCKET[/PREFIX], got {url!r}")
+    bucket, _, prefix = url[5:].partition("/")
+    try:
+        boto3.client("s3", endpoint_url=endpoint_url).head_bucket(Bucket=bucket)
+    except (BotoCoreError, ClientError) as err:  # the message names the bucket, never the credentials
+        raise InputError("--result-storage", f"bucket {bucket!r} is not reachable at "
+                                             f"{endpoint_url or 'AWS'}: {type(err).__name__}") from None
+    return bucket, prefix.strip("/"), endpoint_url
+
+
+def ensure_result_storage(api_url: str, bucket: str, prefix: str, endpoint_url: str | None) -> str:
+    """Save the S3Bucket block (its credentials in an AwsCredentials block, stored as secrets by
+    Prefect) and return its slug for PREFECT_RESULTS_DEFAULT_STORAGE_BLOCK."""
+    import boto3
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect_aws import AwsCredentials, S3Bucket
+    from prefect_aws.client_parameters import AwsClientParameters
+
+    found = boto3.Session().get_credentials()
+    frozen = found.get_frozen_credentials() if found is not None else None
+    credentials = AwsCredentials(
+        aws_access_key_id=frozen.access_key if frozen else None,
+        aws_secret_access_key=frozen.secret_key if frozen else None,
+        aws_session_token=frozen.token if frozen else None,
+        region_name=boto3.Session().region_name,
+        aws_client_parameters=AwsClientParameters(endpoint_url=endpoint_url) if endpoint_url else AwsClientParameters())
+    with temporary_settings(updates={PREFECT_API_URL: api_url}):
+        S3Bucket(bucket_name=bucket, bucket_folder=prefix, credentials=credentials).save(RESULT_BLOCK, overwrite=True)
+    return f"{S3Bucket.get_block_type_slug()}/{RESULT_BLOCK}"
+
+
 def prefect_deploy(prefect_file: Path, root: Path, names: list[str], api_url: str, image: str) -> None:
     argv = [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--prefect-file", str(prefect_file)]
     for name in names:
@@ -166,5 +218,8 @@ def _text(report: dict[str, Any]) -> str:
              f"  work pools: {', '.join(report['pools']) or '-'}",
              "  GPU-pool limits: " + (", ".join(f"{k}={v}" for k, v in report["concurrency_limits"].items()) or "-"),
              f"  deployments: {', '.join(report['deployments']) or '-'}"]
+    if report.get("result_storage"):
+        lines.append(f"  result storage: {report['result_storage']} (run workers with "
+                     f"PREFECT_RESULTS_DEFAULT_STORAGE_BLOCK={report['result_storage']})")
     lines += [f"  skipped {name}: {why}" for name, why in report["skipped"].items()]
     return "\n".join(lines)

@@ -94,6 +94,7 @@ def _run(args: argparse.Namespace) -> int:
     from attune.stacks.torchtitan.stack import TorchtitanStack
     recipe = recipe_from_args(args)
     stack = TorchtitanStack(warmup_steps=args.warmup, smoke_assets=args.smoke_assets)
+    stack.preflight(recipe)
     result = stack.run_trial(recipe, steps=args.steps, seed=args.seed, workdir=Path(args.workdir))
     payload = result.model_dump(mode="json", exclude={"steps"}) | {"gpu_hours": result.gpu_hours}
     text = (f"{result.status.value}: tps/gpu {result.tokens_per_sec_per_gpu}  mfu {result.mfu}  "

@@ -77,10 +77,13 @@ def _settings(args: argparse.Namespace):
         raise InputError("--cluster-seed/--world", "only the sim stack has simulated clusters")
     settings = settings_from_args(args, stack_options=stack_options, planner_options=planner_options)
     recipe = load_campaign_recipe(args.recipe, args.cluster, args.model_spec)
-    make_stack(settings.stack, **settings.stack_options)
+    stack = make_stack(settings.stack, **settings.stack_options)
     make_planner(settings.planner, seed=settings.seed, disabled_rules=frozenset(settings.disabled_rules),
                  **settings.planner_options)
     check_resumable(recipe, settings)
+    preflight = getattr(stack, "preflight", None)  # a stack that runs trials elsewhere checks it can
+    if preflight is not None:
+        preflight(recipe)
     return settings
 
 

@@ -12,21 +12,36 @@ launcher says how one flow run becomes N nodes of torchrun:
           `srun --nodes N --ntasks-per-node 1 ... python -m attune.stacks.torchtitan.node_entry
           --slurm`, so each allocated node runs torchrun with the first node as rendezvous.
   direct  the flow runs the argv as it is (one node, or a rendezvous endpoint already in it).
-The flow's result must reach the caller: give the server shared result storage (e.g. an S3 block
-as PREFECT_RESULTS_DEFAULT_STORAGE_BLOCK) when worker and campaign do not share a disk.
+The flow's result must reach the caller: give the worker shared result storage (the S3 block that
+`attune deploy --result-storage s3://...` creates, as PREFECT_RESULTS_DEFAULT_STORAGE_BLOCK) when
+worker and campaign do not share a disk.
+
+The caller follows its flow run instead of blocking on it: a stop (Ctrl-C, SIGTERM, a cancel of the
+campaign) cancels the trial's flow run, whose worker then ends the flow's process; the flow ends
+srun, and srun the allocation. A Prefect server that is briefly unreachable (a restart) is waited
+out for SERVER_PATIENCE_S. On Slurm the trial is charged for the allocation's elapsed time as Slurm
+reports it where that is longer than what the flow measured (slurm_job.py).
 """
 
 from __future__ import annotations
 
 import json
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
+from attune import interrupt
 from attune.stacks.base import TrialStatus
+from attune.stacks.torchtitan import slurm_job
+from attune.stacks.torchtitan.log_parser import STOP_ASKED
 from attune.stacks.torchtitan.render import CPU_MODULE, Launch
 from attune.stacks.torchtitan.runner import RunLimits, RunOutcome, run_process
 
 LAUNCHERS = ("k8s", "slurm", "direct")
+POLL_S = 1.0
+SERVER_PATIENCE_S = 180.0   # how long an unreachable Prefect server is waited for before the trial counts as lost
+CANCEL_PATIENCE_S = 60.0    # after cancelling its flow run, how long to wait for the run to end
 
 
 def srun_argv(launch: Launch) -> list[str]:
@@ -34,19 +49,42 @@ def srun_argv(launch: Launch) -> list[str]:
     A CPU launch (torchtitan's CPU module: a process is a "GPU") asks for no GPUs."""
     gpus = [] if CPU_MODULE in launch.argv else [f"--gpus-per-node={launch.nproc_per_node}"]
     return ["srun", f"--nodes={launch.nnodes}", "--ntasks-per-node=1", *gpus,
-            "--kill-on-bad-exit=1", "python", "-m", "attune.stacks.torchtitan.node_entry", "--slurm", "--",
+            "--kill-on-bad-exit=1", sys.executable, "-m", "attune.stacks.torchtitan.node_entry", "--slurm", "--",
             *launch.argv]
 
 
 def run_on_worker(argv: list[str], env: dict[str, str], log_path: str, limits: dict[str, Any],
                   workdir: str, launcher: str = "direct", nnodes: int = 1, nproc_per_node: int = 1) -> dict[str, Any]:
-    """The flow's body, callable without Prefect (tests, a login-node shell)."""
+    """The flow's body, callable without Prefect (tests, a login-node shell). SIGTERM (the worker
+    cancelling the flow run) ends the trainers and the allocation instead of orphaning them."""
+    Path(workdir).mkdir(parents=True, exist_ok=True)
     if launcher == "slurm":
         launch = Launch(argv=argv, env=env, train_args=[], nnodes=nnodes, nproc_per_node=nproc_per_node)
         argv = srun_argv(launch)
-    Path(workdir).mkdir(parents=True, exist_ok=True)
-    outcome = run_process(argv, env, log_path, RunLimits(**limits), cwd=workdir)
+        (Path(workdir) / slurm_job.JOB_ID_FILE).unlink(missing_ok=True)  # a retry's folder holds the last one's
+    with interrupt.stop_on_signals():
+        outcome = run_process(argv, env, log_path, RunLimits(**limits), cwd=workdir)
+    if launcher == "slurm":
+        outcome = _charge_allocation(outcome, Path(workdir))
     return outcome.model_dump(mode="json")
+
+
+def _charge_allocation(outcome: RunOutcome, workdir: Path) -> RunOutcome:
+    """Release the allocation if srun left it behind, and charge Slurm's elapsed time where longer."""
+    job_id = slurm_job.recorded_job_id(workdir)
+    if job_id is None:   # srun never started a task (refused, or no node came up): nothing was held
+        return outcome
+    deadline = time.monotonic() + 30
+    while slurm_job.still_listed(job_id) and time.monotonic() < deadline:
+        if outcome.stopped:
+            slurm_job.cancel(job_id)
+        time.sleep(0.5)
+    if slurm_job.still_listed(job_id):
+        slurm_job.cancel(job_id)
+    elapsed = slurm_job.elapsed_s(job_id)
+    wall = max(outcome.wall_time_s, elapsed or 0.0)
+    return outcome.model_copy(update={"allocation": f"slurm job {job_id}", "allocation_s": elapsed,
+                                      "wall_time_s": wall})
 
 
 def _flow():
@@ -81,16 +119,53 @@ def pool_executor(deployment: str, launcher: str = "k8s", timeout_s: float | Non
                       "nnodes": launch.nnodes, "nproc_per_node": launch.nproc_per_node}
         job_variables = {"nnodes": launch.nnodes, "gpus_per_node": launch.nproc_per_node,
                          "torchrun_argv": json.dumps(launch.argv), "trial_env": json.dumps(launch.env)}
-        run = run_deployment(deployment, parameters=parameters, job_variables=job_variables if launcher == "k8s"
-                             else None, timeout=timeout_s, as_subflow=False)
-        state = run.state
+        submitted = run_deployment(deployment, parameters=parameters, job_variables=job_variables
+                                   if launcher == "k8s" else None, timeout=0, as_subflow=False)
+        run, why = follow_flow_run(submitted.id, timeout_s)
+        state = run.state if run is not None else None
+        ran_s = run.total_run_time.total_seconds() if run is not None else 0.0
         if state is None or not state.is_completed():
             name = state.name if state is not None else "unknown"
-            return RunOutcome(status=TrialStatus.CRASH, returncode=None, wall_time_s=run.total_run_time.total_seconds(),
-                              steps=[], message=f"flow run {run.id} ended {name}", log_path=str(log_path))
+            return RunOutcome(status=TrialStatus.CRASH, returncode=None, wall_time_s=ran_s, steps=[],
+                              message=f"flow run {submitted.id} ended {name}" + (f" ({why})" if why else ""),
+                              log_path=str(log_path), stopped=why if why and why.startswith(STOP_ASKED) else None)
         outcome = RunOutcome(**state.result())
         # The GPUs were held for the pods' whole run, not only torchrun's: charge the longer.
-        wall = max(outcome.wall_time_s, run.total_run_time.total_seconds())
+        wall = max(outcome.wall_time_s, ran_s)
         return outcome.model_copy(update={"wall_time_s": wall})
 
     return execute
+
+
+def follow_flow_run(flow_run_id, timeout_s: float | None = None):
+    """Poll the flow run until it is final; (the run, why it was given up or cancelled, or None).
+    A stop request cancels it (and waits CANCEL_PATIENCE_S for it to end); a server unreachable for
+    SERVER_PATIENCE_S, or timeout_s passing, gives it up."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelling
+
+    started = time.monotonic()
+    last_seen, run, why, cancelled_at = started, None, None, None
+    with get_client(sync_client=True) as client:
+        while True:
+            now = time.monotonic()
+            try:
+                run = client.read_flow_run(flow_run_id)
+                last_seen = now
+            except Exception as err:  # noqa: BLE001  (a restarting server: connection refused, 5xx)
+                if now - last_seen > SERVER_PATIENCE_S:
+                    return run, f"the Prefect server was unreachable for {SERVER_PATIENCE_S:.0f} s ({err})"
+            if run is not None and run.state is not None and run.state.is_final():
+                return run, why
+            if interrupt.requested() and cancelled_at is None:
+                why = f"{STOP_ASKED} ({interrupt.requested()})"
+                try:
+                    client.set_flow_run_state(flow_run_id, Cancelling(message=why), force=True)
+                    cancelled_at = now
+                except Exception:  # noqa: BLE001  (unreachable: try again next poll)
+                    pass
+            if cancelled_at is not None and now - cancelled_at > CANCEL_PATIENCE_S:
+                return run, why
+            if timeout_s is not None and now - started > timeout_s:
+                return run, f"no result after {timeout_s:.0f} s"
+            time.sleep(POLL_S)

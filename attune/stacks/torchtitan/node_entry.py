@@ -8,6 +8,8 @@ torchrun reads any option it is not given from PET_<OPTION>; rendered pool launc
             Slurm reaches it by (its NodeAddr, which is its name unless slurm.conf says otherwise);
             that node hosts the c10d store (is_host=1 in PET_RDZV_CONF, 0 on the others, so two
             nodes on one host cannot both claim it). The command after `--` is the torchrun argv.
+            The first node also writes the job id into the trial's folder (its working directory):
+            the flow charges the allocation's time as Slurm reports it (slurm_job.py).
   --k8s     (an Indexed Job pod) endpoint = pod 0 of this Job through the headless Service named
             by ATTUNE_RDZV_SUBDOMAIN; pod 0 runs the command after `--` (Prefect's flow-run
             command), every other pod runs the torchrun argv in ATTUNE_TORCHRUN_ARGV.
@@ -20,6 +22,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 PORT = os.environ.get("ATTUNE_RDZV_PORT", "29500")
 
@@ -52,8 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if args.slurm:
         os.environ["PET_RDZV_ENDPOINT"] = f"{slurm_head()}:{PORT}"
-        os.environ["PET_RDZV_CONF"] = host_conf(os.environ.get("PET_RDZV_CONF"),
-                                                os.environ.get("SLURM_NODEID", "0") == "0")
+        first = os.environ.get("SLURM_NODEID", "0") == "0"
+        os.environ["PET_RDZV_CONF"] = host_conf(os.environ.get("PET_RDZV_CONF"), first)
+        if first:
+            from attune.stacks.torchtitan.slurm_job import record_job_id
+            record_job_id(Path.cwd(), os.environ.get("SLURM_JOB_ID"))
     elif args.k8s:
         job, subdomain = os.environ["JOB_NAME"], os.environ.get("ATTUNE_RDZV_SUBDOMAIN", "attune-torchrun")
         os.environ["PET_RDZV_ENDPOINT"] = f"{job}-0.{subdomain}:{PORT}"

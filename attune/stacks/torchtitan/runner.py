@@ -53,6 +53,8 @@ class RunOutcome(BaseModel):
     message: str
     log_path: str
     stopped: str | None = None
+    allocation: str | None = None        # the scheduler's name for what held the GPUs, e.g. "slurm job 12"
+    allocation_s: float | None = None    # how long the scheduler says it held them
 
 
 def resolve_executable(argv: list[str]) -> list[str]:
@@ -92,40 +94,44 @@ def run_process(argv: list[str], env: dict[str, str], log_path: Path | str, limi
     steps: dict[int, StepMetrics] = {}
     last_progress = started
     stopped: str | None = None
-    with log_path.open("w") as log:
-        while True:
-            try:
-                line = lines.get(timeout=0.2)
-            except queue.Empty:
-                line = ""
-            if line is None:  # the child closed its output: it has exited or is exiting
-                break
-            now = time.monotonic()
-            if line:
-                log.write(line)
-                log.flush()
-                tail.append(line.rstrip("\n"))
-                metrics = parse_metrics_line(line)
-                if metrics is not None and metrics.step not in steps:
-                    steps[metrics.step] = metrics
-                    last_progress = now
-                    if on_step is not None:
-                        on_step(metrics)
-            done = sum(1 for s in steps if s > limits.warmup_steps)
-            if limits.measure_steps is not None and done >= limits.measure_steps:
-                stopped = f"{STOP_MEASURED} ({done} after {limits.warmup_steps} warm-up)"
-            elif now - last_progress > (limits.stall_timeout_s if steps else limits.startup_timeout_s):
-                stopped = f"{STOP_STALLED} for {now - last_progress:.0f} s ({len(steps)} steps logged)"
-            elif limits.max_wall_s is not None and now - started > limits.max_wall_s:
-                stopped = f"{STOP_WALL} {limits.max_wall_s:.0f} s"
-            elif interrupt.requested():   # Ctrl-C, SIGTERM or a cancel: end the processes, charge what ran
-                stopped = f"{STOP_ASKED} ({interrupt.requested()})"
+    try:
+        with log_path.open("w") as log:
+            while True:
+                try:
+                    line = lines.get(timeout=0.2)
+                except queue.Empty:
+                    line = ""
+                if line is None:  # the child closed its output: it has exited or is exiting
+                    break
+                now = time.monotonic()
+                if line:
+                    log.write(line)
+                    log.flush()
+                    tail.append(line.rstrip("\n"))
+                    metrics = parse_metrics_line(line)
+                    if metrics is not None and metrics.step not in steps:
+                        steps[metrics.step] = metrics
+                        last_progress = now
+                        if on_step is not None:
+                            on_step(metrics)
+                done = sum(1 for s in steps if s > limits.warmup_steps)
+                if limits.measure_steps is not None and done >= limits.measure_steps:
+                    stopped = f"{STOP_MEASURED} ({done} after {limits.warmup_steps} warm-up)"
+                elif now - last_progress > (limits.stall_timeout_s if steps else limits.startup_timeout_s):
+                    stopped = f"{STOP_STALLED} for {now - last_progress:.0f} s ({len(steps)} steps logged)"
+                elif limits.max_wall_s is not None and now - started > limits.max_wall_s:
+                    stopped = f"{STOP_WALL} {limits.max_wall_s:.0f} s"
+                elif interrupt.requested():   # Ctrl-C, SIGTERM or a cancel: end the processes, charge what ran
+                    stopped = f"{STOP_ASKED} ({interrupt.requested()})"
+                if stopped:
+                    interrupt.end_process_group(proc, limits.grace_s)
+                    break
+            returncode = proc.wait()
             if stopped:
-                interrupt.end_process_group(proc, limits.grace_s)
-                break
-        returncode = proc.wait()
-        if stopped:
-            log.write(stopped + "\n")
+                log.write(stopped + "\n")
+    except BaseException:  # an exception here (a signal turned into one) must not orphan the trainers
+        interrupt.end_process_group(proc, limits.grace_s)
+        raise
     wall = time.monotonic() - started
     ordered = [steps[k] for k in sorted(steps)]
     status, message = classify(list(tail), returncode, stopped=stopped)

@@ -65,9 +65,11 @@ class TorchtitanStack:
         # that Prefect deployment), ATTUNE_TORCHTITAN_LAUNCHER (k8s | slurm | direct) and
         # ATTUNE_TORCHTITAN_SMOKE_ASSETS=1 (the shipped offline tokenizer and text).
         deployment = deployment or os.environ.get("ATTUNE_TORCHTITAN_DEPLOYMENT")
+        launcher = launcher or os.environ.get("ATTUNE_TORCHTITAN_LAUNCHER", "k8s")
         if executor is None and deployment:
             from attune.stacks.torchtitan.deployment import pool_executor
-            executor = pool_executor(deployment, launcher or os.environ.get("ATTUNE_TORCHTITAN_LAUNCHER", "k8s"))
+            executor = pool_executor(deployment, launcher)
+        self.deployment, self.launcher = (deployment, launcher) if executor is None or deployment else (None, None)
         self.executor = executor or local_executor
         self.pool, self.quiet = pool, quiet
         self.warmup_steps = warmup_steps
@@ -84,6 +86,13 @@ class TorchtitanStack:
         self._step_s: dict[str, float] = {}      # launch key -> measured step time
         self._startup_s: dict[str, float] = {}   # model, cluster, compile -> measured start-up
         self._validated: set[str] = set()
+
+    def preflight(self, recipe: Recipe) -> None:
+        """Refuse, before any GPU-hour is spent, a work pool that cannot run this recipe's trials
+        (InputError naming what is missing); nothing to check for local runs."""
+        if self.deployment:
+            from attune.stacks.torchtitan.pool_preflight import check_pool
+            check_pool(self.deployment, self.launcher, recipe.cluster.gpus // recipe.cluster.node_size)
 
     # ---- the launch ----------------------------------------------------------------------
 
@@ -194,4 +203,5 @@ class TorchtitanStack:
             peak_memory_gib=max(memory) if memory else None, steps=outcome.steps, simulated=False, message=message,
             breakdown={"hbm_gib": recipe.cluster.memory_gib, "measured_steps": len(timed),
                        "warmup_steps": self.warmup_steps, "log": outcome.log_path, "argv": launch.argv,
-                       "ac_mode": levers.get(AC_MODE), "compile": levers.get(COMPILE)})
+                       "ac_mode": levers.get(AC_MODE), "compile": levers.get(COMPILE)}
+            | ({"allocation": outcome.allocation, "allocation_s": outcome.allocation_s} if outcome.allocation else {}))

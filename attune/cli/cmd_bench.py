@@ -18,13 +18,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("bench", help="benchmark planners on the sim stack (simulated results)")
     p.add_argument("--recipes", nargs="+", required=True, metavar="RECIPE", help="recipe TOML files; tuned:FILE moves the recipe to the best "
                    "layout the gate passes on each seed's cluster (a well-tuned recipe: nothing left to find)")
-    p.add_argument("--planners", default="attune,random,bayes,estimator-topk",
-                   help="comma-separated: attune, random, bayes, estimator-topk, grid, attune-no-RULE")
-    p.add_argument("--budget-gpu-hours", type=float, metavar="H",
+    p.add_argument("--planners", default="attune,random,bayes,estimator-topk", metavar="PLANNERS",
+                   help="comma-separated: attune, random, bayes, bayes-warm, estimator-topk, estimator-topk-naive, "
+                        "grid, and attune-no-RULE (default attune,random,bayes,estimator-topk)")
+    p.add_argument("--budget-gpu-hours", type=float, metavar="GPU_HOURS",
                    help="per campaign (default: 40 GPU-hours per 64 GPUs of each recipe's cluster)")
-    p.add_argument("--seeds", type=int, default=5, help="seeds per recipe and planner (default 5); seed s runs on "
+    p.add_argument("--seeds", type=int, default=5, metavar="N", help="seeds per recipe and planner (default 5); seed s runs on "
                    "simulated cluster s + 1")
-    p.add_argument("--world", default="realistic", help="how far the simulated clusters depart from the public "
+    p.add_argument("--world", default="realistic", metavar="WORLD", help="how far the simulated clusters depart from the public "
                    "estimator: easy | realistic | hard (default realistic)")
     p.add_argument("--cluster", metavar="ACCEL:COUNT", help="run every recipe on this cluster, e.g. h100:64")
     p.add_argument("--model-spec", metavar="FILE", help="model spec file replacing every recipe's model")
@@ -33,16 +34,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         + ", ".join(_rules()))
     p.add_argument("--ablations", action="store_true", help="add attune-no-RULE for every rule (ablation table)")
     add_settings_arguments(p, only=("steps_per_trial", "replicates", "gate_steps"))   # each campaign's, as tune's
-    p.add_argument("--gate-seed", type=int, default=0,
+    p.add_argument("--gate-seed", type=int, default=0, metavar="N",
                    help="the gate's proxy seed for every campaign (default 0: a candidate gets one verdict "
                         "whichever planner or seed found it); -1: each campaign's own seed")
-    p.add_argument("--workers", type=int, help="worker processes (default: one per available core)")
+    p.add_argument("--workers", type=int, metavar="N", help="worker processes (default: one per available core)")
     p.add_argument("--out", metavar="DIR", help="where results.json/.md and the plots go "
-                                                "(default .attune/bench/<time>)")
+                                                "(default $ATTUNE_HOME/bench/<time>)")
     p.add_argument("--gate-cache", metavar="DIR",
                    help="gate verdicts and proxy runs shared by the campaigns (and by later benchmarks that "
                         "name the same folder); default: a fresh one under --out")
-    p.add_argument("--mlflow-uri", help="MLflow tracking URI for the summary (default: SQLite under .attune/)")
+    p.add_argument("--mlflow-uri", metavar="URI", help="MLflow tracking URI for the summary (default: "
+                                                    "$MLFLOW_TRACKING_URI, else sqlite:///$ATTUNE_HOME/mlflow.db)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(func=run)

@@ -23,12 +23,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "damaged), recipe, cluster, stack, planner, GPU-hours spent of the budget, best gain so far, "
                     "why it stopped, the shipped recipe and the MLflow run. ID is a campaign's folder name, its id, "
                     "or a unique prefix of either.")
-    p.add_argument("action", nargs="?", choices=("list", "show", "resume", "discard"), default="list",
+    p.add_argument("action", nargs="?", choices=("list", "show", "resume", "discard"), default="list", metavar="ACTION",
                    help="list (default) | show ID | resume ID | discard ID")
     p.add_argument("id", nargs="?", metavar="ID", help="the campaign (show, resume, discard)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--quiet", action="store_true", help="resume: no progress lines on stderr")
-    p.add_argument("--mlflow-uri", metavar="URI", help="resume: the MLflow it tracked to (default: SQLite under "
+    p.add_argument("--mlflow-uri", metavar="URI", help="resume: the MLflow it tracked to (default: $MLFLOW_TRACKING_URI, else SQLite under "
                                                        "$ATTUNE_HOME)")
     p.add_argument("--store", metavar="URI", help="resume: the recipe store (default: $ATTUNE_STORE, else "
                                                   "$ATTUNE_HOME/store)")

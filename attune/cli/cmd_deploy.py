@@ -32,9 +32,11 @@ DEFAULT_IMAGE = "attune-worker:latest"  # what infra/compose.yaml builds from in
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("deploy", help="register work pools, GPU-pool concurrency limits and deployments "
                                              "on a Prefect server")
-    p.add_argument("--api-url", help="Prefect API URL (default: PREFECT_API_URL)")
-    p.add_argument("--prefect-file", default=str(REPO / "deployments" / "prefect.yaml"))
-    p.add_argument("--pools", default=str(REPO / "deployments" / "pools.toml"), help="work pools and GPU slots")
+    p.add_argument("--api-url", metavar="URL", help="Prefect API URL (default: $PREFECT_API_URL)")
+    p.add_argument("--prefect-file", default=str(REPO / "deployments" / "prefect.yaml"), metavar="FILE",
+                   help="the deployments to register (default: deployments/prefect.yaml of the checkout)")
+    p.add_argument("--pools", default=str(REPO / "deployments" / "pools.toml"), metavar="FILE",
+                   help="work pools and GPU slots (default: deployments/pools.toml of the checkout)")
     p.add_argument("--name", action="append", default=[], metavar="DEPLOYMENT",
                    help="deploy only these (repeatable; default: every one whose entrypoint exists)")
     p.add_argument("--image", default=os.environ.get("ATTUNE_WORKER_IMAGE", DEFAULT_IMAGE),
@@ -46,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--s3-endpoint-url", metavar="URL", default=os.environ.get("AWS_ENDPOINT_URL_S3")
                    or os.environ.get("AWS_ENDPOINT_URL"),
                    help="S3 endpoint of --result-storage (default $AWS_ENDPOINT_URL_S3 or $AWS_ENDPOINT_URL: AWS)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
 
 

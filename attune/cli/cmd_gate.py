@@ -49,25 +49,26 @@ _EVAL_ONLY = ("quick", "only", "workers")
 def register(subparsers: argparse._SubParsersAction) -> None:
     gate = subparsers.add_parser(
         "gate", help="correctness gate: config check, known defects, convergence (or `gate eval`: its fault suite)",
-        description="attune gate [check] --baseline A --candidate B [--curves DIR | --proxy | --stack torchtitan] "
-                    "[--json]\nattune gate eval [--stack sim|torchtitan] [--steps N] [--quick] [--json]",
+        description="attune gate [check] --baseline RECIPE --candidate RECIPE [--curves DIR | --proxy | "
+                    "--stack torchtitan] [--json]\nattune gate eval [--stack STACK] [--steps N] [--quick] [--json]",
         epilog=CURVES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    gate.add_argument("action", nargs="?", choices=("check", "eval"), default="check",
+    gate.add_argument("action", nargs="?", choices=("check", "eval"), default="check", metavar="ACTION",
                       help="check (default): judge a candidate; eval: run the fault and legitimate suites")
     gate.add_argument("--baseline", metavar="RECIPE", help="the baseline recipe (check)")
     gate.add_argument("--candidate", metavar="RECIPE", help="the candidate recipe (check)")
     gate.add_argument("--curves", metavar="DIR",
                       help="curves folder: baseline-1.csv ... and candidate.csv, header step,loss[,...] (check; "
                            "columns below)")
-    gate.add_argument("--pairing", choices=("auto", "off"),
+    gate.add_argument("--pairing", choices=("auto", "off"), metavar="MODE",
                       help="--curves without batch ids: auto (default) pairs the candidate with the replicates "
                            "whose loss movements show its batches; off compares it with all of them (check)")
     gate.add_argument("--proxy", action="store_true",
                       help="train real curves on the CPU proxy and run the convergence check on them (check)")
-    gate.add_argument("--stack", choices=("sim", "torchtitan"), default="sim",
+    gate.add_argument("--stack", choices=("sim", "torchtitan"), default="sim", metavar="STACK",
                       help="whose runs the convergence check reads: sim = the CPU proxy (default), "
                            "torchtitan = real torchtitan runs of the recipes")
-    gate.add_argument("--workdir", metavar="DIR", help="where --proxy / --stack torchtitan / eval write curves and plots")
+    gate.add_argument("--workdir", metavar="DIR", help="where --proxy / --stack torchtitan / eval write curves and plots "
+                                                         "(default: ./gate-run; eval: a temporary folder)")
     gate.add_argument("--steps", type=int, metavar="N",
                       help="steps per run (proxy: 40, eval --quick 12; torchtitan: 20, eval --quick 8)")
     gate.add_argument("--quick", action="store_true", help="eval: a small subset at few steps (for tests)")

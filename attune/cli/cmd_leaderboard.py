@@ -20,12 +20,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "leaderboard", help="TrainingThroughputBench: best verified recipe per model and cluster",
         description="Show the board (default) or publish it into the store as "
                     + ", ".join(PUBLISHED.values()) + ".")
-    board.add_argument("action", nargs="?", choices=["show", "publish"], default="show",
+    board.add_argument("action", nargs="?", choices=["show", "publish"], default="show", metavar="ACTION",
                        help="show (default) or publish")
     board.add_argument("--store", metavar="URI",
                        help="s3://BUCKET/PREFIX or a folder (default: $ATTUNE_STORE, else $ATTUNE_HOME/store)")
-    board.add_argument("--model", metavar="M", help="only this model")
-    board.add_argument("--format", choices=["md", "html", "json"], default="md", help="output format (show)")
+    board.add_argument("--model", metavar="MODEL", help="only this model, e.g. llama3.1-8b")
+    board.add_argument("--format", choices=["md", "html", "json"], default="md", metavar="FORMAT",
+                       help="md | html | json (show; default md)")
     board.add_argument("--output", metavar="FILE", help="write to FILE instead of stdout (show)")
     seed = board.add_mutually_exclusive_group()
     seed.add_argument("--seed", metavar="DIR", help=f"seed board folder (default: {SEED_DIR})")

@@ -17,7 +17,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     show.set_defaults(func=_show)
 
     models = subparsers.add_parser("models", help="list the built-in model catalog")
-    models.add_argument("--json", action="store_true")
+    models.add_argument("--json", action="store_true", help="print JSON")
     models.set_defaults(func=_models)
 
 

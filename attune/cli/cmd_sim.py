@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     predict = sub.add_parser("predict", help="step time, throughput, memory and breakdown of the recipe's layout")
     add_recipe_arguments(predict)
-    predict.add_argument("--seed", type=int, default=0, help="run-to-run noise seed of the simulated run (default 0)")
+    predict.add_argument("--seed", type=int, default=0, metavar="N", help="run-to-run noise seed of the simulated run (default 0)")
     predict.add_argument("--estimator", action="store_true", help="use the public estimator instead of the ground truth")
     add_sim_cluster_arguments(predict)
     predict.set_defaults(func=_predict)

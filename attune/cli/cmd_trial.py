@@ -24,24 +24,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     render = sub.add_parser("render", help="the torchrun launch of a recipe: argv and env")
     add_recipe_arguments(render)
-    render.add_argument("--nnodes", type=int, metavar="N", help="run on N nodes (gpus = N x gpus_per_node)")
+    render.add_argument("--nnodes", type=int, metavar="N", help="run on N nodes (gpus = N x gpus_per_node; "
+                                                                "default: the recipe's gpus)")
     render.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="rendezvous endpoint (multi-node)")
     render.add_argument("--rdzv-id", metavar="ID", help="rendezvous id (default attune-<recipe name>)")
     render.add_argument("--validate", action="store_true", help="check it with torchtitan's ConfigManager")
     render.set_defaults(func=_render)
 
     parse = sub.add_parser("parse-log", help="metrics lines and the ending of a torchtitan log")
-    parse.add_argument("log", help="log file")
-    parse.add_argument("--returncode", type=int, help="the run's exit code, if known")
+    parse.add_argument("log", metavar="LOG", help="log file")
+    parse.add_argument("--returncode", type=int, metavar="N", help="the run's exit code, if known")
     parse.add_argument("--json", action="store_true", help="print JSON")
     parse.set_defaults(func=_parse_log)
 
     run = sub.add_parser("run", help="one local trial on this machine's GPUs (one node)")
     add_recipe_arguments(run)
-    run.add_argument("--steps", type=int, default=20, help="measured steps (after the warm-up)")
-    run.add_argument("--warmup", type=int, default=3, help="steps not measured (compile, warm-up)")
-    run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--workdir", default="attune-trial", help="logs and outputs go here")
+    run.add_argument("--steps", type=int, default=20, metavar="N", help="measured steps (after the warm-up; default 20)")
+    run.add_argument("--warmup", type=int, default=3, metavar="N", help="steps not measured (compile, warm-up; default 3)")
+    run.add_argument("--seed", type=int, default=0, metavar="N", help="the trial's seed (default 0)")
+    run.add_argument("--workdir", default="attune-trial", metavar="DIR", help="logs and outputs go here "
+                                                                             "(default ./attune-trial)")
     run.add_argument("--smoke-assets", action="store_true", default=None,
                      help="use the shipped offline tokenizer and text (always on for a cpu cluster)")
     run.set_defaults(func=_run)

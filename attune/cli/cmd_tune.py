@@ -11,17 +11,40 @@ from attune.errors import InputError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("tune", help="tune a recipe within a GPU-hour budget (a Prefect flow)")
-    p.add_argument("recipe", help="recipe TOML file")
+    p = subparsers.add_parser(
+        "tune", help="tune a recipe within a GPU-hour budget (a Prefect flow); the same command resumes it",
+        description="Tune RECIPE within --budget-gpu-hours: baseline replicates and their noise band, a search\n"
+                    "that moves one lever at a time, a confirmation, the correctness gate, and only then ship.\n\n"
+                    "Running the same command again resumes a stopped campaign (Ctrl-C, SIGTERM, a cancel in\n"
+                    "Prefect): same recipe and settings, same folder under $ATTUNE_HOME/campaigns/, no trial\n"
+                    "charged twice. `attune campaigns` lists campaigns; `attune campaigns resume ID` resumes one.",
+        epilog="environment:\n"
+               "  ATTUNE_HOME            campaigns, MLflow's SQLite file, the recipe store (default ./.attune)\n"
+               "  ATTUNE_STORE           the recipe store when --store is not given ($ATTUNE_HOME/store)\n"
+               "  MLFLOW_TRACKING_URI    MLflow when --mlflow-uri is not given\n"
+               "  PREFECT_API_URL        a Prefect server (unset: a private API for this command)\n"
+               "  PREFECT_LOGGING_LEVEL  INFO brings back Prefect's own logs\n"
+               "  OPENAI_API_KEY         the key of --planner llm\n"
+               "  ATTUNE_TORCHTITAN_DEPLOYMENT, ATTUNE_TORCHTITAN_LAUNCHER\n"
+               "                         run torchtitan trials on a GPU work pool (docs/clusters.md)\n"
+               "exit: 0 done; 2 bad input (one line); 130 stopped by Ctrl-C or a cancel, 143 by SIGTERM, state saved.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("recipe", metavar="RECIPE", help="recipe TOML file")
     add_settings_arguments(p)
-    p.add_argument("--cluster", metavar="ACCEL:COUNT", help="tune for another cluster, e.g. h200:128")
+    p.add_argument("--cluster", metavar="ACCEL:COUNT", help="tune for another cluster, e.g. h200:128 "
+                                                        "(default: the recipe's [cluster])")
     p.add_argument("--model-spec", metavar="FILE", help="model spec file replacing the recipe's model")
     add_sim_cluster_arguments(p)
-    p.add_argument("--mlflow-uri", help="MLflow tracking URI (default: SQLite under .attune/)")
-    p.add_argument("--out", help="where to write the shipped recipe (default: in the campaign folder)")
-    p.add_argument("--store", help="recipe store: a folder or s3://bucket/prefix (default .attune/store)")
-    p.add_argument("--llm-base-url", help="OpenAI-compatible endpoint for --planner llm")
-    p.add_argument("--llm-model", default=None, help="model name for --planner llm")
+    p.add_argument("--mlflow-uri", metavar="URI", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, "
+                                                    "else sqlite:///$ATTUNE_HOME/mlflow.db)")
+    p.add_argument("--out", metavar="FILE", help="where to write the shipped recipe (default: shipped.toml in the "
+                                                 "campaign folder, $ATTUNE_HOME/campaigns/<recipe>-<id>/)")
+    p.add_argument("--store", metavar="URI", help="recipe store: a folder or s3://BUCKET/PREFIX (default: "
+                                                  "$ATTUNE_STORE, else $ATTUNE_HOME/store)")
+    p.add_argument("--llm-base-url", metavar="URL", help="OpenAI-compatible endpoint, required with --planner llm "
+                                                         "(the key from $OPENAI_API_KEY)")
+    p.add_argument("--llm-model", metavar="MODEL", default=None,
+                   help="model name for --planner llm (default: $ATTUNE_LLM_MODEL, else 'default')")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=run)

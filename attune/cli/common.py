@@ -18,19 +18,25 @@ from attune.spec import parse_cluster_flag
 
 
 def add_recipe_arguments(parser: argparse.ArgumentParser, with_set: bool = True) -> None:
-    parser.add_argument("recipe", help="recipe TOML file")
+    parser.add_argument("recipe", metavar="RECIPE", help="recipe TOML file")
     if with_set:
         parser.add_argument("--set", action="append", metavar="LEVER=VALUE", default=[],
                             help="override a config field (repeatable), e.g. --set parallelism.tensor_parallel_degree=4")
-    parser.add_argument("--cluster", metavar="ACCEL:COUNT", help="run on another cluster, e.g. h200:128")
+    parser.add_argument("--cluster", metavar="ACCEL:COUNT", help="run on another cluster, e.g. h200:128 "
+                                                             "(default: the recipe's [cluster])")
     parser.add_argument("--model-spec", metavar="FILE", help="model spec file (JSON/TOML) replacing the recipe's model")
     parser.add_argument("--json", action="store_true", help="print JSON")
+
+
+# Placeholders in the help are upper-case nouns (RECIPE, N, GPU_HOURS, FILE, URI, DIR): where the
+# settings model names another, the help shows this one
+SETTING_METAVARS = {"budget_gpu_hours": "GPU_HOURS", "stack": "STACK", "planner": "PLANNER"}
 
 
 def add_settings_arguments(parser: argparse.ArgumentParser, only: tuple[str, ...] | None = None) -> None:
     """A flag for every campaign setting that has one (or for the settings named in `only`), from the
     settings model itself (attune.campaign.context.CampaignSettings: its flag, type, default and
-    description)."""
+    description; a default the description does not state is added to the help)."""
     from attune.campaign.context import CampaignSettings
 
     for name, info in CampaignSettings.model_fields.items():
@@ -38,7 +44,13 @@ def add_settings_arguments(parser: argparse.ArgumentParser, only: tuple[str, ...
         flag = extra.pop("flag", None)
         if flag is None or (only is not None and name not in only):
             continue
-        kwargs: dict[str, Any] = {"dest": name, "help": info.description, **extra}
+        helptext = info.description or ""
+        if not info.is_required() and not extra.get("append") and "default" not in helptext:
+            helptext = (helptext[:-1] + f"; default {info.default})" if helptext.endswith(")")
+                        else helptext + f" (default {info.default})")
+        if name in SETTING_METAVARS:
+            extra["metavar"] = SETTING_METAVARS[name]
+        kwargs: dict[str, Any] = {"dest": name, "help": helptext, **extra}
         if kwargs.get("metavar") is None:
             kwargs.pop("metavar", None)
         if kwargs.pop("append", False):
@@ -121,10 +133,10 @@ def check_tracking_uri(uri: str, flag: str = "--mlflow-uri") -> str:
 
 def add_sim_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     """--cluster-seed and --world: which simulated cluster (attune/sim/worlds.py)."""
-    parser.add_argument("--cluster-seed", type=int, default=0,
+    parser.add_argument("--cluster-seed", type=int, default=0, metavar="N",
                         help="which simulated cluster: 0 is the reference the public measurements pin (default), "
                              "1, 2, ... its siblings, which depart from it as far as --world says")
-    parser.add_argument("--world", default="realistic",
+    parser.add_argument("--world", default="realistic", metavar="WORLD",
                         help="easy | realistic | hard: how far a sibling cluster departs from the public "
                              "estimator (default realistic; no effect on cluster 0)")
 

@@ -42,6 +42,8 @@ def _client(uri: str):
 class Tracker:
     def __init__(self, uri: str | None = None, experiment: str = EXPERIMENT):
         self.uri = uri or default_uri()
+        # against a tracking server MLflow prints each run's URL on stdout, where --json output goes
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
         if self.uri.startswith("sqlite:///"):
             # two first campaigns on one new file both create MLflow's tables; one would die with
             # "table ... already exists": the first to hold the lock creates them, the other finds them

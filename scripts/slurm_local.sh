@@ -130,7 +130,8 @@ write_config() {
     echo "JobCompLoc=$LOG/jobcomp.log"
     echo "ReturnToService=2"
     echo "SlurmdTimeout=30"
-    echo "InactiveLimit=0"
+    # an allocation whose srun died (its login-node process killed) is released after this long
+    echo "InactiveLimit=30"
     echo "KillWait=5"
     echo "MinJobAge=300"
     echo "SchedulerParameters=sched_interval=2"

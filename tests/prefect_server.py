@@ -50,6 +50,15 @@ class Server:
     proc: subprocess.Popen
     log: Path
     env: dict[str, str] = field(default_factory=dict)
+    argv: list[str] = field(default_factory=list)        # how it was started, for restart()
+    start_env: dict[str, str] = field(default_factory=dict)
+
+    def restart(self, down_s: float = 2.0, timeout_s: float = 120.0) -> None:
+        """Stop the server by its pid and start it again on the same port and database."""
+        stop(self.proc)
+        time.sleep(down_s)
+        self.proc = spawn(self.argv, self.start_env, self.log, cwd=self.home)
+        wait_http(f"{self.api_url}/health", self.proc, self.log, timeout_s, expect="true")
 
     @property
     def api_url(self) -> str:
@@ -209,11 +218,12 @@ def prefect_server(workdir: Path, ui: bool = False, timeout_s: float = 120.0,
         "PREFECT_SERVER_CONCURRENCY_MAXIMUM_CONCURRENCY_SLOT_WAIT_SECONDS": "1",
     }
     log = home / "server.log"
-    proc = spawn([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port),
-                  "--analytics-off"] + ([] if ui else ["--no-ui"]), env, log, cwd=home)
+    argv = [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port),
+            "--analytics-off"] + ([] if ui else ["--no-ui"])
+    proc = spawn(argv, env, log, cwd=home)
     server = Server(url=f"http://127.0.0.1:{port}", home=home, proc=proc, log=log,
                     env={k: v for k, v in env.items() if not k.startswith("PREFECT_SERVER_")
-                         and k != "PREFECT_API_DATABASE_CONNECTION_URL"})
+                         and k != "PREFECT_API_DATABASE_CONNECTION_URL"}, argv=argv, start_env=env)
     try:
         with stop_on_sigterm():
             wait_http(f"{server.api_url}/health", proc, log, timeout_s, expect="true")

@@ -76,6 +76,52 @@ class SlurmCluster:
                 raise TimeoutError(f"jobs still listed after {timeout_s:.0f}s: {self.run(['squeue']).stdout}")
             time.sleep(0.2)
 
+    def step_daemons(self, node: str) -> list[int]:
+        """Pids of the slurmstepds of this cluster that serve `node`."""
+        found = []
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                if ((proc / "comm").read_text().strip() == "slurmstepd"
+                        and f"SLURM_CONF={self.conf}".encode() in (proc / "environ").read_bytes().split(b"\0")
+                        and _stepd_node(int(proc.name)) == node):
+                    found.append(int(proc.name))
+        return found
+
+    def task_processes(self, node: str) -> list[int]:
+        """Pids of the job tasks running on `node` (what its step daemons started)."""
+        return [pid for stepd in self.step_daemons(node) for pid in _descendants(stepd)]
+
+    def node_processes(self, node: str) -> list[int]:
+        """Pids of what runs on `node`: its slurmd, its slurmstepds and every task they started."""
+        slurmd = self.pids().get(f"slurmd-{node}")
+        daemons = [slurmd] if slurmd is not None and pid_running(slurmd) else []
+        return daemons + self.step_daemons(node) + self.task_processes(node)
+
+    def lose_node(self, node: str) -> list[int]:
+        """The node dies: its slurmd, step daemons and tasks are killed at once (SIGKILL)."""
+        pids = self.node_processes(node)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        return pids
+
+    def restore_node(self, node: str, timeout_s: float = 60) -> None:
+        """The node comes back: its slurmd starts again and the controller takes it back in service."""
+        slurmd = shutil.which("slurmd") or "/usr/sbin/slurmd"
+        subprocess.run([slurmd, "-N", node, "-f", str(self.conf)], env=self.env(), check=True, timeout=30,
+                       capture_output=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            state = self.run(["sinfo", "-h", "-n", node, "-o", "%t"], check=False).stdout.strip()
+            if state == "idle":
+                return
+            if state.startswith(("down", "drain")):
+                self.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False)
+            time.sleep(0.5)
+        raise TimeoutError(f"{node} did not come back idle: {self.run(['sinfo', '-N'], check=False).stdout}")
+
     def log_tail(self, lines: int = 15) -> str:
         parts = []
         for log in sorted((self.dir / "log").glob("slurm*.log")):
@@ -91,6 +137,25 @@ def pid_running(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _descendants(pid: int) -> list[int]:
+    children = []
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            children += [int(c) for c in (task / "children").read_text().split()]
+    return [d for c in children for d in (c, *_descendants(c))]
+
+
+def _stepd_node(pid: int) -> str | None:
+    """The node a slurmstepd serves, from its tasks' SLURMD_NODENAME (the daemon's own command line
+    and environment do not say)."""
+    for child in _descendants(pid):
+        with contextlib.suppress(OSError):
+            for entry in Path(f"/proc/{child}/environ").read_bytes().split(b"\0"):
+                if entry.startswith(b"SLURMD_NODENAME="):
+                    return entry.split(b"=", 1)[1].decode()
+    return None
 
 
 def _script(command: str, workdir: Path, timeout: float = 90) -> subprocess.CompletedProcess:

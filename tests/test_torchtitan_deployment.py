@@ -47,7 +47,7 @@ def test_pool_executor_runs_the_deployment_with_job_variables(monkeypatch, tmp_p
     # the Kubernetes pool's job variables (no cluster here); the real path runs in test_slurm_pool.py
     import prefect.deployments
     monkeypatch.setattr(prefect.deployments, "run_deployment", fake_run_deployment)
-    monkeypatch.setattr(deployment, "follow_flow_run", lambda run_id, timeout_s: (finished, None))
+    monkeypatch.setattr(deployment, "follow_flow_run", lambda run_id, timeout_s, **_: (finished, None, 80.0))
     result = deployment.pool_executor("attune-torchrun-trial/gpu-k8s")(LAUNCH, tmp_path / "t.log", RunLimits(), tmp_path)
     assert result.status == TrialStatus.OK and result.wall_time_s == 80.0  # the pods' run time is charged
     assert calls["job_variables"]["nnodes"] == 2 and json.loads(calls["job_variables"]["torchrun_argv"]) == LAUNCH.argv
@@ -99,3 +99,16 @@ def test_job_templates_are_prefect_base_job_templates(path):
         assert spec["completions"] == spec["parallelism"] == "{{ nnodes }}" and spec["completionMode"] == "Indexed"
         for var in ("nnodes", "gpus_per_node", "torchrun_argv", "trial_env", "image"):
             assert var in template["variables"]["properties"]
+
+
+def test_a_pooled_run_is_lost_once_nobody_could_still_be_running_it():
+    limits = RunLimits(startup_timeout_s=90, stall_timeout_s=20, grace_s=20)
+    state = lambda kind: types.SimpleNamespace(state=types.SimpleNamespace(type=types.SimpleNamespace(value=kind)))  # noqa: E731
+    assert deployment._lost(state("PENDING"), limits, waited_s=60, quiet_s=60, stepped=False) is None
+    assert "no worker started" in deployment._lost(state("PENDING"), limits, waited_s=91, quiet_s=0, stepped=False)
+    # before the first step the runner waits out the start-up timeout; after it, the stall timeout
+    assert deployment._lost(state("RUNNING"), limits, waited_s=200, quiet_s=139, stepped=False) is None
+    assert deployment._lost(state("RUNNING"), limits, waited_s=200, quiet_s=141, stepped=False).startswith(deployment.LOST)
+    assert deployment._lost(state("RUNNING"), limits, waited_s=200, quiet_s=71, stepped=True).startswith(deployment.LOST)
+    assert deployment._lost(state("RUNNING"), limits, waited_s=200, quiet_s=69, stepped=True) is None
+    assert deployment._lost(state("RUNNING"), None, waited_s=1e6, quiet_s=1e6, stepped=True) is None

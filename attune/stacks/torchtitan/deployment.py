@@ -42,6 +42,7 @@ LAUNCHERS = ("k8s", "slurm", "direct")
 POLL_S = 1.0
 SERVER_PATIENCE_S = 180.0   # how long an unreachable Prefect server is waited for before the trial counts as lost
 CANCEL_PATIENCE_S = 60.0    # after cancelling its flow run, how long to wait for the run to end
+LOST = "lost:"              # how follow_flow_run's reason starts when the run's worker or process died
 
 
 def srun_argv(launch: Launch) -> list[str]:
@@ -121,10 +122,15 @@ def pool_executor(deployment: str, launcher: str = "k8s", timeout_s: float | Non
                          "torchrun_argv": json.dumps(launch.argv), "trial_env": json.dumps(launch.env)}
         submitted = run_deployment(deployment, parameters=parameters, job_variables=job_variables
                                    if launcher == "k8s" else None, timeout=0, as_subflow=False)
-        run, why = follow_flow_run(submitted.id, timeout_s)
+        run, why, active_s = follow_flow_run(submitted.id, timeout_s, log_path=log_path, limits=limits)
         state = run.state if run is not None else None
         ran_s = run.total_run_time.total_seconds() if run is not None else 0.0
         if state is None or not state.is_completed():
+            if why and why.startswith(LOST):   # it stopped running when its log stopped: charge to then
+                ran_s = min(ran_s, active_s) if ran_s else active_s
+                job = slurm_job.recorded_job_id(Path(workdir))
+                if job is not None:   # where this machine reaches Slurm (a login node): release it now
+                    slurm_job.cancel(job)
             name = state.name if state is not None else "unknown"
             return RunOutcome(status=TrialStatus.CRASH, returncode=None, wall_time_s=ran_s, steps=[],
                               message=f"flow run {submitted.id} ended {name}" + (f" ({why})" if why else ""),
@@ -137,15 +143,20 @@ def pool_executor(deployment: str, launcher: str = "k8s", timeout_s: float | Non
     return execute
 
 
-def follow_flow_run(flow_run_id, timeout_s: float | None = None):
-    """Poll the flow run until it is final; (the run, why it was given up or cancelled, or None).
-    A stop request cancels it (and waits CANCEL_PATIENCE_S for it to end); a server unreachable for
-    SERVER_PATIENCE_S, or timeout_s passing, gives it up."""
+def follow_flow_run(flow_run_id, timeout_s: float | None = None, log_path: Path | None = None,
+                    limits: RunLimits | None = None):
+    """Poll the flow run until it is final: (the run, why it was given up or cancelled or None,
+    seconds from submission to the trial log's last growth). A stop request cancels it (and waits
+    CANCEL_PATIENCE_S for it to end); a server unreachable for SERVER_PATIENCE_S, or timeout_s
+    passing, gives it up. With limits, a run no worker starts within the start-up timeout, or a
+    running one whose log (on the storage both sides see) has been quiet for longer than the runner
+    itself would allow, is lost (its worker or flow process died) and cancelled."""
     from prefect.client.orchestration import get_client
-    from prefect.states import Cancelling
+    from prefect.states import Cancelled, Cancelling
 
     started = time.monotonic()
     last_seen, run, why, cancelled_at = started, None, None, None
+    log_size, progress_at, stepped = -1, started, False
     with get_client(sync_client=True) as client:
         while True:
             now = time.monotonic()
@@ -154,18 +165,45 @@ def follow_flow_run(flow_run_id, timeout_s: float | None = None):
                 last_seen = now
             except Exception as err:  # noqa: BLE001  (a restarting server: connection refused, 5xx)
                 if now - last_seen > SERVER_PATIENCE_S:
-                    return run, f"the Prefect server was unreachable for {SERVER_PATIENCE_S:.0f} s ({err})"
+                    why = f"the Prefect server was unreachable for {SERVER_PATIENCE_S:.0f} s ({err})"
+                    return run, why, progress_at - started
             if run is not None and run.state is not None and run.state.is_final():
-                return run, why
-            if interrupt.requested() and cancelled_at is None:
-                why = f"{STOP_ASKED} ({interrupt.requested()})"
+                return run, why, progress_at - started
+            size = log_path.stat().st_size if log_path is not None and log_path.exists() else -1
+            if size != log_size:
+                log_size, progress_at = size, now
+                stepped = stepped or (size > 0 and STEP_MARK in log_path.read_text(errors="replace"))
+            lost = _lost(run, limits, now - started, now - progress_at, stepped) if cancelled_at is None else None
+            if (interrupt.requested() or lost) and cancelled_at is None:
+                why = why or lost or f"{STOP_ASKED} ({interrupt.requested()})"
                 try:
                     client.set_flow_run_state(flow_run_id, Cancelling(message=why), force=True)
                     cancelled_at = now
                 except Exception:  # noqa: BLE001  (unreachable: try again next poll)
                     pass
             if cancelled_at is not None and now - cancelled_at > CANCEL_PATIENCE_S:
-                return run, why
+                try:  # nobody ended it (its worker is gone): mark it ended so no one waits on it
+                    client.set_flow_run_state(flow_run_id, Cancelled(message=why), force=True)
+                except Exception:  # noqa: BLE001
+                    pass
+                return run, why, progress_at - started
             if timeout_s is not None and now - started > timeout_s:
-                return run, f"no result after {timeout_s:.0f} s"
+                return run, f"no result after {timeout_s:.0f} s", progress_at - started
             time.sleep(POLL_S)
+
+
+STEP_MARK = "step:"   # in a torchtitan metrics line: training has begun
+
+
+def _lost(run, limits: RunLimits | None, waited_s: float, quiet_s: float, stepped: bool) -> str | None:
+    """Why a flow run that is not final counts as lost, or None. The runner on the worker ends a
+    trial quiet for the stall (before its first step: the start-up) timeout itself; quiet for that
+    plus its grace and a margin means nobody is running it."""
+    if limits is None or run is None or run.state is None:
+        return None
+    if run.state.type.value in ("SCHEDULED", "PENDING") and waited_s > limits.startup_timeout_s:
+        return f"{LOST} no worker started the run within {limits.startup_timeout_s:.0f} s"
+    patience = (limits.stall_timeout_s if stepped else limits.startup_timeout_s) + limits.grace_s + 30.0
+    if run.state.type.value == "RUNNING" and quiet_s > patience:
+        return f"{LOST} the trial's log has been quiet for {quiet_s:.0f} s: its worker or flow process is gone"
+    return None

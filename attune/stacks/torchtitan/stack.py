@@ -41,6 +41,17 @@ MFU_FLOOR = 0.15
 RECOMPUTE_FACTOR = {"none": 1.0, "selective": 1.15, "full": 4.0 / 3.0, "memory-budget": 1.2}
 
 
+def _seconds(variable: str, default: float) -> float:
+    text = os.environ.get(variable, "")
+    try:
+        value = float(text) if text else default
+    except ValueError:
+        raise InputError(variable, f"must be a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise InputError(variable, f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
 def local_executor(launch: Launch, log_path: Path, limits: RunLimits, workdir: Path) -> RunOutcome:
     if launch.nnodes > 1:
         return RunOutcome(status=TrialStatus.CRASH, returncode=None, wall_time_s=0.0, steps=[],
@@ -57,13 +68,16 @@ class TorchtitanStack:
 
     def __init__(self, *, executor: Executor | None = None, deployment: str | None = None,
                  launcher: str | None = None, warmup_steps: int = 3, smoke_assets: bool | None = None,
-                 validate: bool | str = "auto", startup_timeout_s: float = 1800.0, stall_timeout_s: float = 600.0,
+                 validate: bool | str = "auto", startup_timeout_s: float | None = None,
+                 stall_timeout_s: float | None = None,
                  rdzv_endpoint: str | None = None, env: dict[str, str] | None = None,
                  extra_config: dict[str, Any] | None = None, pool: str | None = None, quiet: bool = False):
         # A campaign builds the stack from its stack_options (pool, quiet: the flow's); where those
         # cannot say it, the environment does: ATTUNE_TORCHTITAN_DEPLOYMENT (run trials as runs of
         # that Prefect deployment), ATTUNE_TORCHTITAN_LAUNCHER (k8s | slurm | direct) and
-        # ATTUNE_TORCHTITAN_SMOKE_ASSETS=1 (the shipped offline tokenizer and text).
+        # ATTUNE_TORCHTITAN_SMOKE_ASSETS=1 (the shipped offline tokenizer and text),
+        # ATTUNE_TORCHTITAN_STARTUP_TIMEOUT_S / _STALL_TIMEOUT_S (seconds without a first / a next
+        # step before a trial counts as hung: 1800 and 600 by default).
         deployment = deployment or os.environ.get("ATTUNE_TORCHTITAN_DEPLOYMENT")
         launcher = launcher or os.environ.get("ATTUNE_TORCHTITAN_LAUNCHER", "k8s")
         if executor is None and deployment:
@@ -77,8 +91,8 @@ class TorchtitanStack:
             smoke_assets = os.environ["ATTUNE_TORCHTITAN_SMOKE_ASSETS"] not in ("0", "false")
         self.smoke_assets = smoke_assets  # None: on for CPU clusters (no hub there), off elsewhere
         self.validate = validate
-        self.startup_timeout_s = startup_timeout_s
-        self.stall_timeout_s = stall_timeout_s
+        self.startup_timeout_s = startup_timeout_s or _seconds("ATTUNE_TORCHTITAN_STARTUP_TIMEOUT_S", 1800.0)
+        self.stall_timeout_s = stall_timeout_s or _seconds("ATTUNE_TORCHTITAN_STALL_TIMEOUT_S", 600.0)
         # Trials on a work pool get their rendezvous endpoint from the job (PET_RDZV_ENDPOINT).
         self.rdzv_endpoint = rdzv_endpoint or ("env" if deployment else None)
         self.env = dict(env or {})

@@ -1,4 +1,4 @@
-"""The layer order of the README ("Layout of the code"): a module may import its own layer and the
+"""The layer order of docs/architecture.md ("Layout of the code", moved there from the README): a module may import its own layer and the
 layers below it, never one above. An AST scan of every import, at module level or inside a function:
 
     data -> domain -> campaign -> tasks -> flows -> cli
@@ -68,7 +68,7 @@ def upward_imports() -> list[str]:
     for folder in SCANNED:
         for path in sorted((REPO / folder).rglob("*.py")):
             own = layer_of(module_name(path))
-            assert own is not None, f"{path}: in no layer (add its package to LAYERS and the README)"
+            assert own is not None, f"{path}: in no layer (add its package to LAYERS and docs/architecture.md)"
             for module, line in imported(path, modules):
                 theirs = layer_of(module)
                 if theirs is not None and theirs > own:
@@ -92,14 +92,14 @@ def test_the_scan_sees_an_upward_import(tmp_path):
         fake.unlink()
 
 
-def test_every_package_has_a_layer_and_the_readme_names_it():
-    readme = (REPO / "README.md").read_text()
+def test_every_package_has_a_layer_and_the_layout_doc_names_it():
+    readme = (REPO / "docs" / "architecture.md").read_text()
     for folder in SCANNED:
         for init in (REPO / folder).rglob("__init__.py"):
             package = module_name(init)
             folder_name = init.parent.relative_to(REPO).as_posix()
             assert layer_of(package) is not None, package
-            assert f"`{folder_name}/`" in readme, f"the README's layout table does not name {folder_name}"
+            assert f"`{folder_name}/`" in readme, f"docs/architecture.md's layout table does not name {folder_name}"
 
 
 def import_graph(root: Path = REPO) -> dict[str, set[str]]:

@@ -172,15 +172,15 @@ def check_result_storage(url: str, endpoint_url: str | None) -> tuple[str, str, 
     import boto3
     from botocore.exceptions import BotoCoreError, ClientError
 
-    if not url.startswith("s3://") or not url[5:].split("/", 1)[0]:
-        raise InputError("--result-storage", f"must be s3://BUCKET[/PREFIX], got {url!r}")
-    bucket, _, prefix = url[5:].partition("/")
+    from attune.store import parse_s3_url
+
+    bucket, prefix = parse_s3_url(url, "--result-storage")
     try:
         boto3.client("s3", endpoint_url=endpoint_url).head_bucket(Bucket=bucket)
     except (BotoCoreError, ClientError) as err:  # the message names the bucket, never the credentials
         raise InputError("--result-storage", f"bucket {bucket!r} is not reachable at "
                                              f"{endpoint_url or 'AWS'}: {type(err).__name__}") from None
-    return bucket, prefix.strip("/"), endpoint_url
+    return bucket, prefix, endpoint_url
 
 
 def ensure_result_storage(api_url: str, bucket: str, prefix: str, endpoint_url: str | None) -> str:

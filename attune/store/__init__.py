@@ -40,22 +40,27 @@ def open_store(uri: str | None = None) -> RecipeStore:
     return RecipeStore(LocalBlobs(where[1]))
 
 
+def parse_s3_url(uri: str, field: str) -> tuple[str, str]:
+    """(bucket, prefix) of `s3://BUCKET[/PREFIX]`, or an InputError naming `field`."""
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    if not uri.startswith("s3://") or not bucket:
+        raise InputError(field, f"{uri!r}: expected s3://BUCKET[/PREFIX]")
+    if not S3_BUCKET.fullmatch(bucket):
+        raise InputError(field, f"{uri!r}: an S3 bucket name is 3-63 lower-case letters, digits, '.' or '-'")
+    prefix = prefix.strip("/")
+    try:
+        check_key(prefix) if prefix else None
+    except ValueError as err:
+        raise InputError(field, f"{uri!r}: prefix {err}") from None
+    return bucket, prefix
+
+
 def store_location(uri: str | None = None) -> tuple[str, str, str]:
     """("s3", bucket, prefix) or ("folder", path, ""), or an InputError naming --store: a pure check,
     so a command can refuse a bad --store before it runs anything (nothing is created or contacted)."""
     uri = uri or default_store_uri()
     if uri.startswith("s3://"):
-        bucket, _, prefix = uri[len("s3://"):].partition("/")
-        if not bucket:
-            raise InputError("--store", f"{uri!r}: expected s3://BUCKET[/PREFIX]")
-        if not S3_BUCKET.fullmatch(bucket):
-            raise InputError("--store", f"{uri!r}: an S3 bucket name is 3-63 lower-case letters, digits, '.' or '-'")
-        prefix = prefix.strip("/")
-        try:
-            check_key(prefix) if prefix else None
-        except ValueError as err:
-            raise InputError("--store", f"{uri!r}: prefix {err}") from None
-        return "s3", bucket, prefix
+        return ("s3", *parse_s3_url(uri, "--store"))
     if uri.startswith("file://"):
         uri = uri[len("file://"):]
     elif "://" in uri:

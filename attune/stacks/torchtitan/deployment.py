@@ -34,7 +34,7 @@ from typing import Any
 from attune import interrupt
 from attune.stacks.base import TrialStatus
 from attune.stacks.torchtitan import slurm_job
-from attune.stacks.torchtitan.log_parser import STOP_ASKED
+from attune.stacks.torchtitan.log_parser import STOP_ASKED, parse_metrics_line
 from attune.stacks.torchtitan.render import CPU_MODULE, Launch
 from attune.stacks.torchtitan.runner import RunLimits, RunOutcome, run_process
 
@@ -75,10 +75,10 @@ def _charge_allocation(outcome: RunOutcome, workdir: Path) -> RunOutcome:
     job_id = slurm_job.recorded_job_id(workdir)
     if job_id is None:   # srun never started a task (refused, or no node came up): nothing was held
         return outcome
+    if outcome.stopped:   # the runner ended srun: make sure the allocation goes with it
+        slurm_job.cancel(job_id)
     deadline = time.monotonic() + 30
     while slurm_job.still_listed(job_id) and time.monotonic() < deadline:
-        if outcome.stopped:
-            slurm_job.cancel(job_id)
         time.sleep(0.5)
     if slurm_job.still_listed(job_id):
         slurm_job.cancel(job_id)
@@ -172,7 +172,8 @@ def follow_flow_run(flow_run_id, timeout_s: float | None = None, log_path: Path 
             size = log_path.stat().st_size if log_path is not None and log_path.exists() else -1
             if size != log_size:
                 log_size, progress_at = size, now
-                stepped = stepped or (size > 0 and STEP_MARK in log_path.read_text(errors="replace"))
+                stepped = stepped or (size > 0 and any(
+                    parse_metrics_line(line) for line in log_path.read_text(errors="replace").splitlines()))
             lost = _lost(run, limits, now - started, now - progress_at, stepped) if cancelled_at is None else None
             if (interrupt.requested() or lost) and cancelled_at is None:
                 why = why or lost or f"{STOP_ASKED} ({interrupt.requested()})"
@@ -190,9 +191,6 @@ def follow_flow_run(flow_run_id, timeout_s: float | None = None, log_path: Path 
             if timeout_s is not None and now - started > timeout_s:
                 return run, f"no result after {timeout_s:.0f} s", progress_at - started
             time.sleep(POLL_S)
-
-
-STEP_MARK = "step:"   # in a torchtitan metrics line: training has begun
 
 
 def _lost(run, limits: RunLimits | None, waited_s: float, quiet_s: float, stepped: bool) -> str | None:

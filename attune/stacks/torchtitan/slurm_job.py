@@ -48,9 +48,9 @@ def duration_s(text: str) -> float | None:
 
 def elapsed_s(job_id: str) -> float | None:
     """Seconds the job held its nodes (start to end, or to now while it runs)."""
-    out = _run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "ElapsedRaw"])
-    if out and out.strip().splitlines() and out.strip().splitlines()[0].isdigit():
-        return float(out.strip().splitlines()[0])
+    first = (_run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "ElapsedRaw"]) or "").strip().split("\n")[0]
+    if first.isdigit():
+        return float(first)
     out = _run(["scontrol", "show", "job", "--oneliner", job_id])
     match = re.search(r"\bRunTime=(\S+)", out or "")
     return duration_s(match.group(1)) if match else None

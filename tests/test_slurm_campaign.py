@@ -74,8 +74,6 @@ def test_a_torchtitan_campaign_runs_through_the_slurm_pool_end_to_end(slurm_pool
     assert len(trial_runs) >= len(trials) and all(r["state"]["type"] == "COMPLETED" for r in trial_runs)
 
 
-@pytest.mark.skip(reason="not passing yet: in its one run (2026-12-05) the nights ran past the 55-min limit; "
-                         "the ledger showed action none after night 1 (issue 25)")
 def test_the_nightly_retune_from_its_deployment_tunes_then_remeasures_on_the_slurm_pool(slurm_pool, tmp_path):
     """The `nightly` deployment on the attune-cpu pool (its own worker), one production recipe on the
     torchtitan stack whose trials go to the gpu-slurm deployment: night 1 has nothing shipped and

@@ -17,6 +17,7 @@ false reject. Per case the report says which checks fired, by kind.
 
 from __future__ import annotations
 
+import csv
 import functools
 import tempfile
 import time
@@ -29,6 +30,7 @@ from attune.layout import apply_levers
 from attune.levers import Scalar
 from attune.recipe import Recipe, recipe_from_dict
 from attune.gate.config_check import check_config
+from attune.gate.models import ConvergenceVerdict
 from attune.gate.pipeline import DEFAULT_STEPS, converge
 
 SUITE_FILES = {"proxy": Path(__file__).with_name("suite.toml"),
@@ -53,6 +55,7 @@ class CaseResult(BaseModel):
     steps_used: int | None
     mode: str | None
     seconds: float
+    first_step: int | None = None  # torchtitan: the first step with evidence (first_signal_step)
     bug: str | None = None       # historical: the bug's id in gate/historical_bugs.toml
     tracker: str | None = None
     fix: str | None = None
@@ -113,13 +116,42 @@ def case_recipe(base: Recipe, case: dict) -> Recipe:
                             origin=f"gate/suite.toml {case['id']}")
 
 
+def _rows(path: Path) -> list[dict]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def first_signal_step(verdict: ConvergenceVerdict, folder: Path) -> int | None:
+    """The first step at which a fired check had its evidence: 1 for step-1 checks, the first step
+    whose batch no replicate saw for the data check, the first step whose loss is outside the
+    band (center +- halfwidth) for the curve checks. None when nothing fired (or only checks
+    without a step, such as the clipping invariant)."""
+    kinds = {c.kind for c in verdict.checks if not c.passed}
+    found = [1] if "step1" in kinds else []
+    cand = _rows(folder / "candidate.csv")
+    if "data" in kinds and cand and "batch_hash" in cand[0]:
+        reps = [_rows(path) for path in sorted(folder.glob("baseline-*.csv"))]
+        for i, row in enumerate(cand):
+            if all(i >= len(rep) or rep[i]["batch_hash"] != row["batch_hash"] for rep in reps):
+                found.append(int(row["step"]))
+                break
+    band = verdict.band.get("loss")
+    if "curve" in kinds and band:
+        loss = {int(row["step"]): float(row["loss"]) for row in cand}
+        for step, center, half in zip(band["step"], band["center"], band["halfwidth"]):
+            if int(step) in loss and abs(loss[int(step)] - center) > half:
+                found.append(int(step))
+                break
+    return min(found) if found else None
+
+
 def _case(case: dict, base: Recipe, workdir: Path, steps: int, replicates: int, workers: int,
           seed: int, runner=None, noise: float = 0.0) -> CaseResult:
     start = time.perf_counter()
     base = case_base(base, case)
     candidate = case_recipe(base, case)
     config = check_config(base, candidate)
-    fired, names, verdict = [], [], None
+    fired, names, verdict, first = [], [], None, None
     if not config.passed:
         fired = sorted({"config" for _ in config.violations} | {"defect" for _ in config.defects})
         names = [v.field for v in config.violations] + [d.id for d in config.defects]
@@ -133,6 +165,7 @@ def _case(case: dict, base: Recipe, workdir: Path, steps: int, replicates: int, 
         else:
             kinds = {c.name: c.kind for c in verdict.checks}
             fired, names = sorted({kinds[n] for n in verdict.fired}), verdict.fired
+            first = first_signal_step(verdict, workdir / case["id"] / "curves")
     else:
         verdict = converge(base, candidate, config, workdir / case["id"], steps, replicates, seed=seed,
                            faults=tuple(case.get("faults", ())), workers=workers)
@@ -147,7 +180,7 @@ def _case(case: dict, base: Recipe, workdir: Path, steps: int, replicates: int, 
                       caught=rejected if fault else None, false_reject=rejected if legit else None,
                       fired=fired, checks=names[:6], steps_used=verdict.steps_used if verdict else None,
                       mode=verdict.mode if verdict else None, seconds=round(time.perf_counter() - start, 2),
-                      bug=case.get("bug"), tracker=bug.get("tracker"), fix=bug.get("fix"))
+                      first_step=first, bug=case.get("bug"), tracker=bug.get("tracker"), fix=bug.get("fix"))
 
 
 def evaluate(steps: int | None = None, quick: bool = False, workdir: Path | None = None,
@@ -225,14 +258,14 @@ def table(report: EvalReport) -> str:
 
 def historical_table(report: EvalReport) -> str:
     """The historical suite: bug, tracker and fix, caught or not, by which check, after how many steps."""
-    lines = ["| bug | what | tracker | fix | caught | checks that fired | steps |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| bug | what | tracker | fix | caught | checks that fired | first evidence at step | steps run |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in report.per_case:
         caught = ("yes" if r.caught else "**no**") if r.kind == "fault" else \
             (f"{'yes' if r.caught else 'no'} (control)" if r.kind == "control" else
              ("**false reject**" if r.false_reject else "passed (legit)"))
         lines.append(f"| {r.bug or r.id} | {r.label} | {r.tracker or '-'} | {r.fix or '-'} | {caught} | "
-                     f"{', '.join(r.fired) or '-'} | {r.steps_used or '-'} |")
+                     f"{', '.join(r.fired) or '-'} | {r.first_step or '-'} | {r.steps_used or '-'} |")
     controls = [r for r in report.per_case if r.kind == "control"]
     lines.append("")
     lines.append(f"bugs caught: {report.caught}/{report.faults}; controls rejected: "

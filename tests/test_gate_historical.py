@@ -160,13 +160,13 @@ def test_noisy_runs_draw_their_own_seeds_and_more_replicates():
 def test_historical_table_carries_links_and_verdicts():
     bug = historical_bugs()["HF-5605"]
     case = CaseResult(id="H-HF-5605", kind="fault", label="resume", caught=True, false_reject=None, rejected=True,
-                      fired=["data", "curve"], checks=[], steps_used=20, mode="paired", seconds=1.0, bug="HF-5605",
+                      fired=["data", "curve"], checks=[], steps_used=20, mode="paired", seconds=1.0, bug="HF-5605", first_step=11,
                       tracker=bug["tracker"], fix=bug["fix"])
     report = EvalReport(faults=1, caught=1, caught_runtime=1, caught_config_only=0, legit=0, false_rejects=0,
                         numerics=0, numerics_rejected=0, steps=20, seed=0, seconds=1.0, per_case=[case],
                         trainer="torchtitan", suite="historical")
     text = historical_table(report)
-    assert bug["tracker"] in text and "| yes | data, curve | 20 |" in text and "bugs caught: 1/1" in text
+    assert bug["tracker"] in text and "| yes | data, curve | 11 | 20 |" in text and "bugs caught: 1/1" in text
 
 
 @needs_torchtitan
@@ -179,3 +179,32 @@ def test_a_historical_bug_caught_on_real_torchtitan_runs(tmp_path, cli):
     (case,) = report["per_case"]
     assert report["suite"] == "historical" and case["caught"] is True and "data" in case["fired"]
     assert case["tracker"] == historical_bugs()["HF-5605"]["tracker"]
+    assert case["first_step"] == 5   # resumed after step 4: the first replayed batch is step 5's
+
+
+def _curve_folder(folder, candidate_losses, candidate_hashes):
+    folder.mkdir()
+    for name, losses, hashes in (("baseline-1", [3.0, 2.0, 1.0, 0.5], "abcd"), ("baseline-2", [3.0, 2.0, 1.0, 0.5], "abcd"),
+                                 ("candidate", candidate_losses, candidate_hashes)):
+        rows = ["step,loss,batch_hash"] + [f"{i + 1},{x},{h}" for i, (x, h) in enumerate(zip(losses, hashes))]
+        (folder / f"{name}.csv").write_text("\n".join(rows) + "\n")
+    return folder
+
+
+def test_first_signal_step_reads_the_evidence_of_the_fired_checks(tmp_path):
+    from attune.gate.evaluate import first_signal_step
+    from attune.gate.models import Check, ConvergenceVerdict
+
+    def verdict(kinds):
+        checks = [Check(name=f"{k}.x", kind=k, value=9.0, tolerance=1.0, passed=False) for k in kinds]
+        return ConvergenceVerdict(passed=not kinds, verdict="failed" if kinds else "passed", reason="", mode="paired",
+                                  steps_used=4, replicates=2, checks=checks, fired=[c.name for c in checks],
+                                  band={"loss": {"step": [1, 2, 3, 4], "center": [3.0, 2.0, 1.0, 0.5],
+                                                 "halfwidth": [0.01] * 4}})
+
+    folder = _curve_folder(tmp_path / "c", [3.0, 2.0, 1.2, 0.9], "abxy")
+    assert first_signal_step(verdict(["curve"]), folder) == 3
+    assert first_signal_step(verdict(["data", "curve"]), folder) == 3
+    assert first_signal_step(verdict(["data"]), _curve_folder(tmp_path / "d", [3.0, 2.0, 1.0, 0.5], "axcd")) == 2
+    assert first_signal_step(verdict(["step1", "curve"]), folder) == 1
+    assert first_signal_step(verdict([]), folder) is None

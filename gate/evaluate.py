@@ -256,6 +256,18 @@ def table(report: EvalReport) -> str:
     return "\n".join(lines)
 
 
+def link(url: str | None) -> str:
+    """A Markdown link named repo#number (github issue, PR or commit URLs); other text as it is,
+    cut at its first colon ('unconfirmed: ...' -> 'unconfirmed')."""
+    if not url:
+        return "-"
+    if not url.startswith("https://github.com/"):
+        return url.split(":")[0]
+    parts = url.removeprefix("https://github.com/").split("/")
+    ref = parts[3][:7] if len(parts) > 3 and parts[2] == "commit" else (parts[3] if len(parts) > 3 else "")
+    return f"[{parts[1]}#{ref}]({url})" if parts[2] != "commit" else f"[{parts[1]}@{ref}]({url})"
+
+
 def historical_table(report: EvalReport) -> str:
     """The historical suite: bug, tracker and fix, caught or not, by which check, after how many steps."""
     lines = ["| bug | what | tracker | fix | caught | checks that fired | first evidence at step | steps run |",
@@ -264,7 +276,7 @@ def historical_table(report: EvalReport) -> str:
         caught = ("yes" if r.caught else "**no**") if r.kind == "fault" else \
             (f"{'yes' if r.caught else 'no'} (control)" if r.kind == "control" else
              ("**false reject**" if r.false_reject else "passed (legit)"))
-        lines.append(f"| {r.bug or r.id} | {r.label} | {r.tracker or '-'} | {r.fix or '-'} | {caught} | "
+        lines.append(f"| {r.bug or r.id} | {r.label} | {link(r.tracker)} | {link(r.fix)} | {caught} | "
                      f"{', '.join(r.fired) or '-'} | {r.first_step or '-'} | {r.steps_used or '-'} |")
     controls = [r for r in report.per_case if r.kind == "control"]
     lines.append("")

@@ -52,6 +52,7 @@ def test_every_case_fault_is_an_override_factory():
             module, name = fault.split(".")
             assert module == "historical_bugs" and callable(getattr(hb, name)), fault
     assert set(hb.BUGS) == {c["bug"] for c in CASES}
+    assert {c["faults"][0] for c in CASES if c["bug"] == "TT-1842"} == {"historical_bugs.loss_per_microbatch_mean"}
 
 
 @needs_torchtitan
@@ -166,7 +167,7 @@ def test_historical_table_carries_links_and_verdicts():
                         numerics=0, numerics_rejected=0, steps=20, seed=0, seconds=1.0, per_case=[case],
                         trainer="torchtitan", suite="historical")
     text = historical_table(report)
-    assert bug["tracker"] in text and "| yes | data, curve | 11 | 20 |" in text and "bugs caught: 1/1" in text
+    assert f"[transformers#5605]({bug['tracker']})" in text and "| yes | data, curve | 11 | 20 |" in text and "bugs caught: 1/1" in text
 
 
 @needs_torchtitan

@@ -209,3 +209,20 @@ def test_first_signal_step_reads_the_evidence_of_the_fired_checks(tmp_path):
     assert first_signal_step(verdict(["data"]), _curve_folder(tmp_path / "d", [3.0, 2.0, 1.0, 0.5], "axcd")) == 2
     assert first_signal_step(verdict(["step1", "curve"]), folder) == 1
     assert first_signal_step(verdict([]), folder) is None
+
+
+@needs_torchtitan
+def test_noise_wraps_a_fault_that_patched_clipping_before_it(monkeypatch):
+    """The noise wrapper is installed after the overrides; a fault's own clip must still run under it."""
+    import torch
+    from torchtitan.distributed import utils as tt_dist_utils
+    from attune.stacks.torchtitan import faults
+    from attune.stacks.torchtitan.recorder import install_noise
+    monkeypatch.setattr(tt_dist_utils, "clip_grad_norm_", tt_dist_utils.clip_grad_norm_)
+    faults.clipping_skipped(None)
+    install_noise(NOISE_LEVELS["gpu-like"], seed=1)
+    p = torch.nn.Parameter(torch.zeros(1000))
+    p.grad = torch.full((1000,), 0.5)   # norm ~15.8, never clipped under the fault
+    norm = tt_dist_utils.clip_grad_norm_([p], 1.0, foreach=True)
+    assert float(norm) == pytest.approx(0.5 * 1000 ** 0.5, rel=1e-3) and float(norm) != 0.5 * 1000 ** 0.5
+    assert float(p.grad.norm()) == pytest.approx(float(norm), rel=1e-6)   # noisy, and not clipped

@@ -13,7 +13,11 @@ sketches (gate-study.md: what the loss cannot show).
 Runs go through the stack's executor, like trials, and are charged: each run holds the recipe's
 GPUs for its wall time (`gpu_hours` of the report). On this CPU-only machine the torchtitan stack
 trains on CPU processes (attune/stacks/torchtitan/cpu.py), where runs are bitwise deterministic:
-replicates agree exactly, and the metric precision floors of gate/stats.py set the band.
+replicates agree exactly, and the metric precision floors of gate/stats.py set the band. With
+`noise` (NOISE_LEVELS, `attune gate eval --noise gpu-like`) every run perturbs its gradients by a
+seeded relative noise before clipping (recorder.py says why that resembles a GPU's run-to-run
+variation): each replicate and the candidate draw their own noise, NOISE_REPLICATES replicates
+calibrate the band, and the band is then the runs' own spread instead of the precision floor.
 """
 
 from __future__ import annotations
@@ -41,6 +45,12 @@ REPLICATES = 2          # identical on a deterministic CPU, so two suffice there
 ORDER_REPLICATES = 2
 RECORDER = "attune.stacks.torchtitan.recorder.gate_run"
 FAULTS_MODULE = "attune.stacks.torchtitan.faults"
+OVERRIDES_PACKAGE = "attune.stacks.torchtitan"   # a fault named module.factory lives in this package
+# Relative gradient noise per element. gpu-like: one bfloat16 unit in the last place (2^-8), the
+# size of the rounding difference a reordered bf16 reduction makes (recorder.py).
+NOISE_LEVELS = {"none": 0.0, "gpu-like": 2.0 ** -8}
+NOISE_REPLICATES = 4    # noisy replicates differ: the band needs more than two to be estimated
+CANDIDATE_NOISE_SEED = 1000
 SETTINGS_ENV = "ATTUNE_GATE_RUN"
 STEP1_KEYS = ("grad_norm", "post_clip_norm", "update_norm", "lr", "valid_tokens", "max_norm",
               "group_grad_norms", "group_update_norms", "grad_sketch")
@@ -54,11 +64,14 @@ class GateRun:
     steps: int
     seed: int
     faults: tuple[str, ...] = ()
+    noise: float = 0.0        # relative gradient noise (NOISE_LEVELS); 0 = deterministic
+    noise_seed: int = 0
 
     def key(self) -> str:
+        noise = [self.noise, self.noise_seed] if self.noise else []
         return hashlib.sha256(json.dumps([self.recipe.config, self.recipe.cluster.model_dump(),
                                           self.recipe.torchtitan.model_dump() if self.recipe.torchtitan else None,
-                                          self.order_dp, self.steps, self.seed, self.faults],
+                                          self.order_dp, self.steps, self.seed, self.faults, *noise],
                                          sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
@@ -79,16 +92,26 @@ def data_order(recipe: Recipe) -> int:
 
 
 def plan_runs(baseline: Recipe, candidate: Recipe, steps: int, seed: int, replicates: int = REPLICATES,
-              faults: tuple[str, ...] = ()) -> dict[str, GateRun]:
+              faults: tuple[str, ...] = (), noise: float = 0.0) -> dict[str, GateRun]:
     """baseline-1..k (the baseline's data order, then ORDER_REPLICATES under the candidate's when
-    it differs) and the candidate."""
+    it differs) and the candidate. With noise every run draws its own noise seed (the candidate
+    one no replicate has), and the order replicates are as many as the others."""
     base_order, cand_order = data_order(baseline), data_order(candidate)
-    runs = [GateRun(baseline, base_order, steps, seed + i) for i in range(replicates)]
+    runs = [GateRun(baseline, base_order, steps, seed + i, noise=noise, noise_seed=1 + i if noise else 0)
+            for i in range(replicates)]
     if cand_order != base_order:
-        runs += [GateRun(baseline, cand_order, steps, seed + 100 + i) for i in range(ORDER_REPLICATES)]
+        order_replicates = max(ORDER_REPLICATES, replicates) if noise else ORDER_REPLICATES
+        runs += [GateRun(baseline, cand_order, steps, seed + 100 + i, noise=noise,
+                         noise_seed=101 + i if noise else 0) for i in range(order_replicates)]
     plan = {f"baseline-{i}": run for i, run in enumerate(runs, start=1)}
-    plan["candidate"] = GateRun(candidate, cand_order, steps, seed, faults)
+    plan["candidate"] = GateRun(candidate, cand_order, steps, seed, faults, noise=noise,
+                                noise_seed=CANDIDATE_NOISE_SEED if noise else 0)
     return plan
+
+
+def override_import(name: str) -> str:
+    """A case's fault: a factory of faults.py (`lr_doubled`) or module.factory of the package."""
+    return f"{OVERRIDES_PACKAGE}.{name}" if "." in name else f"{FAULTS_MODULE}.{name}"
 
 
 def records_to_curve(records: list[dict]) -> tuple[list[dict], dict | None]:
@@ -125,10 +148,14 @@ class TorchtitanGateRunner:
         workdir = self.workdir / "runs" / key
         workdir.mkdir(parents=True, exist_ok=True)
         record_path = workdir / "record.jsonl"
-        settings = {"record": str(record_path), "order_dp": run.order_dp, "global_batch": run.recipe.layout().global_batch,
-                    "max_norm": run.recipe.config.get("training.max_norm"), "init_seed": 0}
+        layout = run.recipe.layout()
+        settings = {"record": str(record_path), "order_dp": run.order_dp, "global_batch": layout.global_batch,
+                    "max_norm": run.recipe.config.get("training.max_norm"), "init_seed": 0,
+                    "steps": run.steps, "accumulation": layout.grad_accum, "dp": layout.dp}
+        if run.noise:
+            settings["noise"] = {"scale": run.noise, "seed": run.noise_seed}
         (workdir / "settings.json").write_text(json.dumps(settings))
-        imports = _recipe_imports(run.recipe) + [f"{FAULTS_MODULE}.{name}" for name in run.faults] + [RECORDER]
+        imports = _recipe_imports(run.recipe) + [override_import(name) for name in run.faults] + [RECORDER]
         stack = copy.copy(self.stack)
         stack.warmup_steps = 0
         stack.extra_config = dict(self.stack.extra_config) | {OVERRIDE_IMPORTS: ",".join(imports)}
@@ -137,7 +164,8 @@ class TorchtitanGateRunner:
         (workdir / "launch.json").write_text(json.dumps(launch.payload(), indent=2))
         if self.say:
             self.say(f"gate run {name + ': ' if name else ''}{run.recipe.name} (data order dp={run.order_dp}"
-                     f"{', faults ' + ','.join(run.faults) if run.faults else ''}): {run.steps} steps")
+                     f"{', faults ' + ','.join(run.faults) if run.faults else ''}"
+                     f"{f', noise {run.noise:.3g} seed {run.noise_seed}' if run.noise else ''}): {run.steps} steps")
         started = time.perf_counter()
         limits = RunLimits(measure_steps=None, warmup_steps=0, startup_timeout_s=stack.startup_timeout_s,
                            stall_timeout_s=stack.stall_timeout_s)
@@ -156,7 +184,8 @@ class TorchtitanGateRunner:
 
 def converge(baseline: Recipe, candidate: Recipe, config: ConfigVerdict, workdir: Path, steps: int, seed: int,
              runner: TorchtitanGateRunner, replicates: int = REPLICATES,
-             faults: tuple[str, ...] = (), max_gpu_hours: float | None = None) -> tuple[ConvergenceVerdict | None, str]:
+             faults: tuple[str, ...] = (), max_gpu_hours: float | None = None,
+             noise: float = 0.0) -> tuple[ConvergenceVerdict | None, str]:
     """Gate runs + the convergence check, doubling the steps while the verdict asks for more and
     `max_gpu_hours` (what the campaign can still pay) allows. Returns (verdict, "") or (None, why
     no verdict: a run that failed, or more steps than the budget pays for)."""
@@ -165,7 +194,7 @@ def converge(baseline: Recipe, candidate: Recipe, config: ConfigVerdict, workdir
     max_steps = steps * 2 ** MAX_DOUBLINGS
     spent_before = runner.gpu_hours
     while True:
-        plan = plan_runs(baseline, candidate, steps, seed, replicates, faults)
+        plan = plan_runs(baseline, candidate, steps, seed, replicates, faults, noise)
         round_before = runner.gpu_hours
         results = {name: runner.run(run, name) for name, run in plan.items()}
         failed = [(name, r) for name, r in results.items() if not r.ok]
@@ -173,7 +202,7 @@ def converge(baseline: Recipe, candidate: Recipe, config: ConfigVerdict, workdir
             name, r = failed[0]
             return None, f"gate run {name} did not finish {steps} steps: {r.message} (log {r.log})"
         info = {name: {"recipe": run.recipe.name, "order_dp": run.order_dp, "faults": list(run.faults),
-                       "seed": run.seed, "seconds": round(results[name].seconds, 1),
+                       "seed": run.seed, "noise": run.noise, "noise_seed": run.noise_seed, "seconds": round(results[name].seconds, 1),
                        "gpu_hours": round(results[name].gpu_hours, 5)} for name, run in plan.items()}
         folder = write_folder(Path(workdir) / "curves", {n: (r.rows, r.step1) for n, r in results.items()},
                               manifest, info)

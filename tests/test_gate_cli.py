@@ -72,7 +72,8 @@ def test_text_output(capsys, pair):
 
 @pytest.mark.parametrize("case", ["missing_recipe", "missing_curve", "short_curve", "unknown_column",
                                   "unknown_recipe_key", "eval_with_baseline", "check_with_quick",
-                                  "no_candidate", "unknown_case"])
+                                  "no_candidate", "unknown_case", "unknown_suite", "noise_on_proxy",
+                                  "unknown_noise", "unknown_historical_case"])
 def test_bad_input_is_one_line_and_exit_2(capsys, pair, tmp_path, write_recipe, case):
     a, b = pair
     folder = make_folder(tmp_path / "curves")
@@ -100,6 +101,15 @@ def test_bad_input_is_one_line_and_exit_2(capsys, pair, tmp_path, write_recipe, 
         args, needle = ["gate", "--baseline", a], "--candidate"
     elif case == "unknown_case":
         args, needle = ["gate", "eval", "--only", "Z99"], "Z99"
+    elif case == "unknown_suite":
+        args, needle = ["gate", "eval", "--stack", "torchtitan", "--suite", "modern"], "--suite"
+    elif case == "noise_on_proxy":
+        args, needle = ["gate", "eval", "--noise", "gpu-like"], "--noise"
+    elif case == "unknown_noise":
+        args, needle = ["gate", "eval", "--stack", "torchtitan", "--noise", "loud"], "--noise"
+    elif case == "unknown_historical_case":   # a torchtitan-suite id is not a historical case
+        args, needle = ["gate", "eval", "--stack", "torchtitan", "--suite", "historical", "--only",
+                        "T-F01_lr_doubled"], "T-F01_lr_doubled"
     code, stdout, stderr = run(capsys, *args)
     lines = [ln for ln in stderr.splitlines() if ln.strip()]
     assert code == 2 and len(lines) == 1 and lines[0].startswith("attune: error:"), stderr

@@ -1,7 +1,7 @@
 """`attune gate`: the correctness gate from the command line.
 
   attune gate [check] --baseline A.toml --candidate B.toml [--curves DIR | --proxy | --stack torchtitan] [--json]
-  attune gate eval [--stack sim|torchtitan] [--steps N] [--quick] [--json]
+  attune gate eval [--stack sim|torchtitan] [--suite default|historical] [--noise none|gpu-like] [--steps N] [--quick] [--json]
 
 --stack says whose training runs the convergence check reads: sim (default) trains the CPU proxy,
 torchtitan runs the recipes' own trainer (real torchtitan runs; on a CPU-only machine, on CPU
@@ -43,14 +43,17 @@ compared on the steps all of them logged. Without batch ids, the replicates that
 candidate's batches are found from the curves (their step-to-step loss movements correlate):
 --pairing off judges the candidate against all replicates instead.
 verdict: passed | failed | inconclusive (exit 0 | 1 | 3); inconclusive says how many steps decide it."""
-_EVAL_ONLY = ("quick", "only", "workers")
+_EVAL_ONLY = ("quick", "only", "workers", "suite", "noise")
+SUITES = ("default", "historical")
+NOISE = ("none", "gpu-like")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     gate = subparsers.add_parser(
         "gate", help="correctness gate: config check, known defects, convergence (or `gate eval`: its fault suite)",
         description="attune gate [check] --baseline RECIPE --candidate RECIPE [--curves DIR | --proxy | "
-                    "--stack torchtitan] [--json]\nattune gate eval [--stack STACK] [--steps N] [--quick] [--json]",
+                    "--stack torchtitan] [--json]\nattune gate eval [--stack STACK] [--suite SUITE] [--noise MODE] "
+                    "[--steps N] [--quick] [--json]",
         epilog=CURVES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     gate.add_argument("action", nargs="?", choices=("check", "eval"), default="check", metavar="ACTION",
                       help="check (default): judge a candidate; eval: run the fault and legitimate suites")
@@ -73,6 +76,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="steps per run (proxy: 40, eval --quick 12; torchtitan: 20, eval --quick 8)")
     gate.add_argument("--quick", action="store_true", help="eval: a small subset at few steps (for tests)")
     gate.add_argument("--only", metavar="IDS", help="eval: comma-separated case ids")
+    gate.add_argument("--suite", metavar="SUITE",
+                      help="eval --stack torchtitan: default (injected faults, legitimate changes) or historical "
+                           "(silent-correctness bugs that happened, gate/historical_bugs.toml)")
+    gate.add_argument("--noise", metavar="MODE",
+                      help="eval --stack torchtitan: none (default; the CPU runs are bitwise deterministic) or "
+                           "gpu-like (seeded run-to-run gradient noise, the band calibrated on 4 replicates)")
     gate.add_argument("--workers", type=int, metavar="N", help="eval: proxy runs in parallel processes (default 1)")
     gate.add_argument("--seed", type=int, metavar="N", help="proxy seed (initial weights; default 0)")
     gate.add_argument("--json", action="store_true", help="print JSON")
@@ -165,21 +174,34 @@ def _text(report) -> str:
     return "\n".join(lines)
 
 
+def _suite_name(args: argparse.Namespace) -> str:
+    """Which suite file `eval` runs: proxy, torchtitan or historical (bad input: InputError)."""
+    for flag, value, allowed in (("--suite", args.suite, SUITES), ("--noise", args.noise, NOISE)):
+        if value is not None and value not in allowed:
+            raise InputError(flag, f"must be one of {', '.join(allowed)}, got {value!r}")
+        if value is not None and args.stack != "torchtitan":
+            raise InputError(flag, "only with --stack torchtitan")
+    if args.suite == "historical":
+        return "historical"
+    return "torchtitan" if args.stack == "torchtitan" else "proxy"
+
+
 def _eval(args: argparse.Namespace) -> int:
     from attune.gate.evaluate import evaluate, suite, table
 
+    name = _suite_name(args)
     only = [s.strip() for s in args.only.split(",")] if args.only else None
     if only:
-        known = {c["id"] for c in suite("torchtitan" if args.stack == "torchtitan" else "proxy")["cases"]}
+        known = {c["id"] for c in suite(name)["cases"]}
         unknown = [s for s in only if s not in known]
         if unknown:
             raise InputError("--only", f"unknown case id {unknown[0]!r}")
     workers = 1 if args.workers is None else args.workers
     if workers < 1:
         raise InputError("--workers", f"must be >= 1, got {workers}")
-    trainer = "torchtitan" if args.stack == "torchtitan" else "proxy"
     report = evaluate(steps=args.steps, quick=args.quick, workdir=Path(args.workdir) if args.workdir else None,
-                      workers=workers, only=only, seed=args.seed or 0, trainer=trainer, say=_say(args))
+                      workers=workers, only=only, seed=args.seed or 0, say=_say(args), suite_name=name,
+                      noise=args.noise or "none")
     if args.json:
         json.dump(report.model_dump(mode="json"), sys.stdout)
         sys.stdout.write("\n")

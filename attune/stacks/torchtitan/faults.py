@@ -134,10 +134,13 @@ def rank_share_dropped(cfg):
 
 @override(target=Profiler.Config, description="fault: gradient clipping computes the norm but never clips")
 def clipping_skipped(cfg):
-    def clip_grad_norm_(parameters, max_norm, *args, **kwargs):
-        return tt_dist_utils.clip_grad_norm_.original(parameters, float("inf"), *args, **kwargs)
+    # the original held in the closure: a wrapper installed later (the recorder's GPU-like noise)
+    # replaces the module attribute, and a look-up through it would find the wrapper
+    original = tt_dist_utils.clip_grad_norm_
 
-    clip_grad_norm_.original = tt_dist_utils.clip_grad_norm_
+    def clip_grad_norm_(parameters, max_norm, *args, **kwargs):
+        return original(parameters, float("inf"), *args, **kwargs)
+
     tt_dist_utils.clip_grad_norm_ = clip_grad_norm_
     return cfg
 

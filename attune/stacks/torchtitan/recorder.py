@@ -20,9 +20,22 @@ loss curve cannot show (gate-study.md: Adam hides constant gradient-scale faults
                  gradient (the sketch): these catch a gradient that is scaled, rounded or missing
                  a rank's share even where the first loss is the same
 
+GPU-like noise (settings `noise`: {"scale": s, "seed": n}): on this CPU torchtitan is bitwise
+deterministic, so baseline replicates agree exactly and the band is the gate's precision floor. On
+a GPU the reduced gradient of a step differs from run to run in its last bits: atomics (embedding
+and attention backward) and split reductions sum in another order each run, and in bf16 training
+that order decides how an element rounds, by up to one bf16 unit in the last place (2^-8
+relative). With `noise`, every gradient element is multiplied by (1 + s * N(0, 1)) after the
+backward and before clipping (the point where a GPU run's reduced gradient would carry its
+rounding differences), drawn from (seed, rank, step): replicates with different seeds then differ
+as GPU replicates do, with the size set by s, and the step-1 records and gradient norms carry it.
+The wrapper is installed at the first forward, after every override has patched what it patches,
+so it runs first on a fault's own clipping as well.
+
 Settings (a JSON file named by ATTUNE_GATE_RUN): record (the JSON-lines file rank 0 writes, one
-line per step), order_dp, global_batch (samples per optimizer step), max_norm, init_seed. Like
-cpu.py and overrides.py it imports torch and torchtitan only.
+line per step), order_dp, global_batch (samples per optimizer step), max_norm, init_seed, noise,
+and steps, accumulation, dp (read by the historical bugs' overrides). Like cpu.py and overrides.py
+it imports torch and torchtitan only.
 """
 
 from __future__ import annotations
@@ -43,6 +56,7 @@ from torch.utils.data import IterableDataset
 from torchtitan.components import metrics as tt_metrics
 from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.config import derive, override
+from torchtitan.distributed import utils as tt_dist_utils
 from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader, HuggingFaceTextDataset
 
 SETTINGS_ENV = "ATTUNE_GATE_RUN"
@@ -140,6 +154,34 @@ def _lr(optimizer) -> float | None:
     return None
 
 
+# ---- GPU-like run-to-run noise ----------------------------------------------------------------------
+
+@torch.no_grad()
+def perturb_grads(parameters, scale: float, generator: torch.Generator) -> None:
+    """g *= 1 + scale * N(0, 1), element by element, on this rank's shard of every gradient."""
+    for p in parameters:
+        if p.grad is None:
+            continue
+        local = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+        noise = torch.randn(tuple(local.shape), generator=generator, dtype=torch.float32)
+        local.mul_(1.0 + scale * noise.to(local.dtype))
+
+
+def install_noise(scale: float, seed: int) -> None:
+    """Wrap torchtitan's clip_grad_norm_ (whatever is installed now) with the seeded perturbation."""
+    inner = tt_dist_utils.clip_grad_norm_
+    calls = [0]
+
+    def clip_grad_norm_(parameters, *args, **kwargs):
+        parameters = list(parameters)
+        calls[0] += 1
+        gen = torch.Generator().manual_seed((seed * 1_000_003 + _rank()) * 1_000_003 + calls[0])
+        perturb_grads(parameters, scale, gen)
+        return inner(parameters, *args, **kwargs)
+
+    tt_dist_utils.clip_grad_norm_ = clip_grad_norm_
+
+
 # ---- same weights, and what each step records ----------------------------------------------------
 
 # Wrappers that recomputation and compilation put around a module rename its parameters
@@ -157,6 +199,7 @@ class _Recorder:
         self.path = Path(settings["record"])
         self.max_norm = settings.get("max_norm")
         self.init_seed = int(settings.get("init_seed", 0))
+        self.noise = settings.get("noise")
         self.names: dict[int, str] = {}
         self.step = 0
         self.current: dict = {}
@@ -168,6 +211,8 @@ class _Recorder:
     @torch.no_grad()
     def _reinit(self, module, args):
         self._first_forward.remove()
+        if self.noise:
+            install_noise(float(self.noise["scale"]), int(self.noise["seed"]))
         for raw, param in module.named_parameters():
             name = canonical_name(raw)
             self.names[id(param)] = name

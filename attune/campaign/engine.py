@@ -285,13 +285,16 @@ def planned_confirmations(c: Campaign) -> int:
     fitted one what the gain at stake asks and the budget pays (decided once per incumbent and saved,
     so a resumed campaign keeps the plan whose test it runs)."""
     incumbent = c.state.incumbent_record
+    protocol = protocol_of(c)
+    if not protocol.fitted:
+        return protocol.max_confirm_runs
     plan = c.state.confirm_plan
     if plan is not None and plan.get("levers") == incumbent.levers:
         return int(plan["runs"])
     base = c.state.baseline_tps
     measured = mean_tps(c, incumbent.levers)
     gain = measured / (sum(base) / len(base)) - 1 if base and measured else 0.0
-    runs, why = proto.confirmations(protocol_of(c), base, gain, c.state.noise_band or 0.0, c.state.budget.left,
+    runs, why = proto.confirmations(protocol, base, gain, c.state.noise_band or 0.0, c.state.budget.left,
                                     c.estimated_cost(incumbent.levers, "confirm"), gate_reserve(c, incumbent.levers))
     if why:
         c.state.skipped.append(why)

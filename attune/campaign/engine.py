@@ -54,8 +54,18 @@ def search_trials(c: Campaign) -> int:
 def confirm_reserve(c: Campaign, levers: dict[str, Any]) -> float:
     """What a search trial of these levers must leave: the confirmation runs its protocol keeps in
     reserve, and its gate."""
-    runs = protocol_of(c).search_reserve_runs(search_trials(c))
+    p = protocol_of(c)
+    runs = p.search_reserve_runs(search_trials(c))
+    if p.fitted and runs == 0:   # nothing behind it to absorb an estimate that was too low
+        return proto.UNRESERVED_MARGIN * c.estimated_cost(levers) + gate_reserve(c, levers)
     return runs * c.estimated_cost(levers, "confirm") + gate_reserve(c, levers)
+
+
+def confirm_cost(c: Campaign, levers: dict[str, Any]) -> float:
+    """What one confirmation run of a measured layout will cost: the estimate, or its measured runs'
+    cost with a margin (screening runs measure fewer steps), whichever is larger."""
+    measured = [t.result.gpu_hours for t in c.state.measured(levers) if t.result.ok]
+    return max([c.estimated_cost(levers, "confirm")] + [proto.MEASURED_MARGIN * h for h in measured])
 
 
 def choose_protocol(c: Campaign) -> proto.Protocol:
@@ -295,7 +305,7 @@ def planned_confirmations(c: Campaign) -> int:
     measured = mean_tps(c, incumbent.levers)
     gain = measured / (sum(base) / len(base)) - 1 if base and measured else 0.0
     runs, why = proto.confirmations(protocol, base, gain, c.state.noise_band or 0.0, c.state.budget.left,
-                                    c.estimated_cost(incumbent.levers, "confirm"), gate_reserve(c, incumbent.levers))
+                                    confirm_cost(c, incumbent.levers), gate_reserve(c, incumbent.levers))
     if why:
         c.state.skipped.append(why)
     c.state.confirm_plan = {"levers": incumbent.levers, "runs": runs}

@@ -41,6 +41,14 @@ DISAGREE = 0.015       # relative sd of two baseline runs above which a third is
 SCREEN_SHARE = 0.5     # share of the steps a screening run measures in the fitted protocol
 MIN_SCREEN_STEPS = 3   # a first (warm-up) step and two measured ones at least
 ALPHA = 0.05           # the confirmation test's level (attune.campaign.noise.gain_is_real)
+# A search trial with no confirmation in reserve must still fit with this share of its estimate to
+# spare: the estimate carries a 30% margin, but a layout never measured on an unseen cluster can run
+# slower still (the budget curve's random planner overshot a 1/4 budget by 16% without it), and on the
+# fixed protocol the confirmation reserve behind every trial is what absorbed that.
+UNRESERVED_MARGIN = 0.5
+# A confirmation's cost: its estimate, or what the layout's screening runs cost scaled up to the full
+# steps, whichever is larger (a measured cost beats an estimate that was wrong)
+MEASURED_MARGIN = 1.15
 
 Mode = Literal["budget", "fixed"]
 

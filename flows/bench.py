@@ -84,6 +84,7 @@ def _out_dir(out: str | None) -> Path:
 @flow(name="tuner-benchmark", task_runner=ThreadPoolTaskRunner(max_workers=16))
 def tuner_benchmark(recipes: list[str], planners: str = "attune,random,bayes,estimator-topk",
                     budget_gpu_hours: float | None = None, seeds: int = 5, world: str = "realistic",
+                    budget_share: float = 1.0,
                     cluster: str | None = None,
                     model_spec: str | None = None, steps_per_trial: int = 10, replicates: int = 3,
                     gate_steps: int | None = None, gate_seed: int | None = 0,
@@ -93,7 +94,7 @@ def tuner_benchmark(recipes: list[str], planners: str = "attune,random,bayes,est
                     quiet: bool = False) -> dict[str, Any]:
     started = time.monotonic()
     variants = parse_planners(planners, disabled_rules, ablations)
-    bench = bench_recipes(recipes, cluster, model_spec, budget_gpu_hours)
+    bench = bench_recipes(recipes, cluster, model_spec, budget_gpu_hours, budget_share)
     bench_cells(bench, variants, seeds, steps_per_trial, replicates, gate_steps, gate_seed, world)  # refuse early
     out_dir = _out_dir(out)
     homes = out_dir / "work"

@@ -118,9 +118,11 @@ def _campaign(c: Campaign, recipe_path: str, mlflow_uri: str | None, out: str | 
         _progress(c, f"warning: the recipe as given matches known defect {hit['id']} ({hit['source']}); "
                      f"layouts that keep it cannot ship")
 
-    # baseline replicates -> noise band
+    # baseline replicates -> noise band (how many: the campaign's protocol, attune.campaign.protocol)
     baseline = c.recipe.layout().levers()
-    while c.state.phase == "baseline" and len(c.state.of_role("baseline")) < settings.replicates:
+    if c.state.protocol is not None and c.state.protocol.fitted and not c.state.trials:
+        _progress(c, f"protocol fitted to the budget: {c.state.protocol.why}")
+    while c.state.phase == "baseline" and engine.wants_baseline(c):
         if _measure(c, tracker, "baseline", baseline) is None:
             break
         failure = engine.baseline_failed(c)

@@ -32,3 +32,14 @@ def test_without_a_cluster_search_each_seed_gets_its_default_cluster():
     assert [(c.seed, c.cluster_seed, c.path) for c in cells] == [(0, 1, public.path), (1, 2, public.path)]
     fewer = bench_cells([public], [variant], seeds=3, world="hard", clusters={public.label: [2]})
     assert [(c.seed, c.cluster_seed) for c in fewer] == [(0, 2)]    # runs on one: benchmarked on that one
+
+
+def test_a_budget_share_scales_the_convention_budget_per_cluster():
+    """The budget curve's knob: 1/4 of 40 GPU-hours per 64 GPUs; an explicit budget wins over it."""
+    (full,) = bench_recipes([RECIPE])
+    (quarter,) = bench_recipes([RECIPE], budget_share=0.25)
+    assert quarter.budget_gpu_hours == pytest.approx(full.budget_gpu_hours / 4)
+    (given,) = bench_recipes([RECIPE], budget_gpu_hours=7.0, budget_share=0.25)
+    assert given.budget_gpu_hours == 7.0
+    with pytest.raises(InputError, match="--budget-share"):
+        bench_recipes([RECIPE], budget_share=0)

@@ -87,7 +87,7 @@ def test_the_gate_reserve_pays_for_real_runs_only_on_torchtitan(tmp_path):
     assert gate_trainer(sim) == "proxy" and gate_reserve(sim, sim_levers) == 0.0
     recipe = load_recipe(RECIPE)
     real = open_campaign(recipe, CampaignSettings(budget_gpu_hours=0.2, stack="torchtitan", replicates=2,
-                                                  steps_per_trial=5, gate_steps=10), home=tmp_path)
+                                                  steps_per_trial=5, gate_steps=10, protocol="fixed"), home=tmp_path)
     levers = recipe.layout().levers() | {"training.local_batch_size": 4}
     runs = plan_runs(recipe, real.trial_recipe(levers), 10, seed=0)
     one_run = recipe.cluster.gpus * real.stack.estimate_wall_time_s(recipe, 10) / 3600
@@ -95,6 +95,12 @@ def test_the_gate_reserve_pays_for_real_runs_only_on_torchtitan(tmp_path):
     assert gate_reserve(real, levers) == pytest.approx(len(runs) * one_run, rel=0.2)
     # a search trial must leave its confirmation replicate and its gate
     assert confirm_reserve(real, levers) == pytest.approx(real.estimated_cost(levers) + gate_reserve(real, levers))
+    # fitted to this budget (the gate's runs counted from the start), the first search trial keeps no
+    # confirmation in reserve: only the gate and a margin on its own estimate
+    fitted = open_campaign(recipe, CampaignSettings(budget_gpu_hours=0.2, stack="torchtitan", replicates=2,
+                                                    steps_per_trial=5, gate_steps=10), home=tmp_path)
+    assert fitted.state.protocol.fitted
+    assert confirm_reserve(fitted, levers) == pytest.approx(0.5 * fitted.estimated_cost(levers) + gate_reserve(fitted, levers))
 
 
 @needs_torchtitan

@@ -88,8 +88,9 @@ def oracle_key(label: str, cluster_seed: int) -> str:
     return f"{label}#{cluster_seed}"
 
 
-def default_budget(gpus: int) -> float:
-    return DEFAULT_GPU_HOURS_PER_64_GPUS * gpus / 64.0
+def default_budget(gpus: int, share: float = 1.0) -> float:
+    """The convention budget of a cluster (40 GPU-hours per 64 GPUs), or `share` of it (the budget curve)."""
+    return share * DEFAULT_GPU_HOURS_PER_64_GPUS * gpus / 64.0
 
 
 def _rules() -> tuple[str, ...]:
@@ -135,7 +136,7 @@ def parse_planners(text: str, disable_rules: list[str] | None = None, ablations:
 
 
 def bench_recipes(paths: list[str], cluster: str | None = None, model_spec: str | None = None,
-                  budget_gpu_hours: float | None = None) -> list[BenchRecipe]:
+                  budget_gpu_hours: float | None = None, budget_share: float = 1.0) -> list[BenchRecipe]:
     """Load and validate every recipe up front (a bad one is refused before any campaign runs)."""
     from attune.campaign.inputs import load_campaign_recipe
 
@@ -143,6 +144,8 @@ def bench_recipes(paths: list[str], cluster: str | None = None, model_spec: str 
         raise InputError("--recipes", "name at least one recipe file")
     if budget_gpu_hours is not None and budget_gpu_hours <= 0:
         raise InputError("--budget-gpu-hours", f"must be > 0, got {budget_gpu_hours:g}")
+    if not 0 < budget_share < 1_000:
+        raise InputError("--budget-share", f"must be > 0 (and < 1000), got {budget_share:g}")
     out: list[BenchRecipe] = []
     for raw in paths:
         tuned = raw.startswith(TUNED_PREFIX)
@@ -152,7 +155,7 @@ def bench_recipes(paths: list[str], cluster: str | None = None, model_spec: str 
         label = f"{name}@{recipe.cluster.label}"
         if label in [r.label for r in out]:
             raise InputError("--recipes", f"{raw}: the same recipe and cluster twice ({label})")
-        budget = budget_gpu_hours if budget_gpu_hours is not None else default_budget(recipe.cluster.gpus)
+        budget = budget_gpu_hours if budget_gpu_hours is not None else default_budget(recipe.cluster.gpus, budget_share)
         out.append(BenchRecipe(path=str(path), label=label, cluster=cluster,
                                model_spec=str(Path(model_spec).resolve()) if model_spec else None,
                                gpus=recipe.cluster.gpus, budget_gpu_hours=budget, tuned=tuned))

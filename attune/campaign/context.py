@@ -50,6 +50,10 @@ class CampaignSettings(BaseModel):
                                  json_schema_extra=_flag("--steps"))
     replicates: int = Field(3, ge=1, le=1_000, description="baseline and confirmation replicates (default 3)",
                             json_schema_extra=_flag("--replicates"))
+    protocol: str = Field("budget", description="budget | fixed: fit baseline runs, confirmations and measured "
+                          "steps to the budget (default budget: the fixed protocol where the budget pays it with "
+                          "room to search), or always --replicates baseline and --replicates - 1 confirmation runs",
+                          json_schema_extra=_flag("--protocol"))
     max_trials: int = Field(80, ge=1, le=100_000, description="search trials at most (default 80)",
                             json_schema_extra=_flag("--max-trials"))
     disabled_rules: tuple[str, ...] = Field((), description="switch a search rule of the attune planner off "
@@ -72,6 +76,13 @@ class CampaignSettings(BaseModel):
         from attune.stacks.registry import STACKS
         if value not in STACKS:
             raise ValueError(f"unknown stack {value!r}; choose from {', '.join(STACKS)}")
+        return value
+
+    @field_validator("protocol")
+    @classmethod
+    def _known_protocol(cls, value: str) -> str:
+        if value not in ("budget", "fixed"):
+            raise ValueError(f"unknown protocol {value!r}; choose from budget, fixed")
         return value
 
     @field_validator("planner")
@@ -110,6 +121,7 @@ class CampaignSettings(BaseModel):
         return {"budget": self.budget_gpu_hours, "stack": self.stack, "planner": self.planner, "seed": self.seed,
                 "steps": self.steps_per_trial, "replicates": self.replicates, "disabled": sorted(self.disabled_rules),
                 "stack_options": self.stack_options,
+                **({"protocol": self.protocol} if self.protocol != "budget" else {}),
                 **({"gate_seed": self.gate_seed} if self.gate_seed is not None else {})}
 
 
@@ -140,7 +152,16 @@ class Campaign:
     def trial_recipe(self, levers: dict[str, Any], role: Role = "trial") -> Recipe:
         return recipe_at(self.recipe, levers, name=f"{self.recipe.name}-{role}")
 
-    def trial_steps(self, levers: dict[str, Any]) -> int:
+    def trial_steps(self, levers: dict[str, Any], role: Role = "trial") -> int:
+        """Measured steps of one run in this role: the protocol's screening steps for baseline and search
+        runs where it fitted itself to a small budget (attune.campaign.protocol), else full_steps."""
+        full = self.full_steps(levers)
+        protocol = self.state.protocol if self.state is not None else None
+        if protocol is not None and protocol.screen_steps is not None and role != "confirm":
+            return min(full, protocol.screen_steps)
+        return full
+
+    def full_steps(self, levers: dict[str, Any]) -> int:
         """Measured steps of one trial: steps_per_trial, fewer when steps are so slow that
         MEASURE_TARGET_S is covered sooner (at least MIN_STEPS). A 2-minute step measures as well
         over 3 steps as over 10, and a budget of 40 GPU-hours per 64 GPUs could not pay for more."""
@@ -152,11 +173,12 @@ class Campaign:
         wanted = math.ceil(MEASURE_TARGET_S / max(step_s, 1e-6))
         return max(min(MIN_STEPS, self.settings.steps_per_trial), min(self.settings.steps_per_trial, wanted))
 
-    def estimated_cost(self, levers: dict[str, Any]) -> float:
-        """GPU-hours one trial of these levers is expected to cost (memoised: planners that sample
-        ask about the same layouts many times, and the estimate depends on the levers alone)."""
-        key = layout_key(levers)
+    def estimated_cost(self, levers: dict[str, Any], role: Role = "trial") -> float:
+        """GPU-hours one run of these levers in this role is expected to cost (memoised: planners that
+        sample ask about the same layouts many times, and the estimate depends on the levers and steps alone)."""
+        steps = self.trial_steps(levers, role)
+        key = (layout_key(levers), steps)
         if key not in self._costs:
-            wall = self.stack.estimate_wall_time_s(self.trial_recipe(levers), self.trial_steps(levers))
+            wall = self.stack.estimate_wall_time_s(self.trial_recipe(levers), steps)
             self._costs[key] = gpu_hours(self.recipe.cluster.gpus, wall)
         return self._costs[key]

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from attune import interrupt
-from attune.campaign.budget import Budget
+from attune.campaign import protocol as proto
+from attune.campaign.budget import Budget, gpu_hours
 from attune.campaign.context import Campaign, CampaignSettings
 from attune.campaign.diagnosis import diagnose
 from attune.campaign.gate_runs import gate_reserve, probe_layout
@@ -37,9 +38,46 @@ class BudgetExhausted(Exception):
     pass
 
 
+def protocol_of(c: Campaign) -> proto.Protocol:
+    """How the campaign measures (chosen when it started; a state saved before protocols were chosen
+    ran the fixed one)."""
+    if c.state is not None and c.state.protocol is not None:
+        return c.state.protocol
+    r = c.settings.replicates
+    return proto.Protocol(fitted=False, baseline_runs=r, max_baseline_runs=r, max_confirm_runs=r - 1)
+
+
+def search_trials(c: Campaign) -> int:
+    return len(c.state.of_role("trial"))
+
+
 def confirm_reserve(c: Campaign, levers: dict[str, Any]) -> float:
-    """What a search trial of these levers must leave: its confirmation replicates and its gate."""
-    return (c.settings.replicates - 1) * c.estimated_cost(levers) + gate_reserve(c, levers)
+    """What a search trial of these levers must leave: the confirmation runs its protocol keeps in
+    reserve, and its gate."""
+    p = protocol_of(c)
+    runs = p.search_reserve_runs(search_trials(c))
+    if p.fitted and runs == 0:   # nothing behind it to absorb an estimate that was too low
+        return proto.UNRESERVED_MARGIN * c.estimated_cost(levers) + gate_reserve(c, levers)
+    return runs * c.estimated_cost(levers, "confirm") + gate_reserve(c, levers)
+
+
+def confirm_cost(c: Campaign, levers: dict[str, Any]) -> float:
+    """What one confirmation run of a measured layout will cost: the estimate, or its measured runs'
+    cost with a margin (screening runs measure fewer steps), whichever is larger."""
+    measured = [t.result.gpu_hours for t in c.state.measured(levers) if t.result.ok]
+    return max([c.estimated_cost(levers, "confirm")] + [proto.MEASURED_MARGIN * h for h in measured])
+
+
+def choose_protocol(c: Campaign) -> proto.Protocol:
+    """The campaign's measurement protocol, from its budget and what one baseline run costs (the gate's
+    runs counted from the start: on torchtitan they are paid from the same budget)."""
+    baseline = c.recipe.layout().levers()
+    full = c.full_steps(baseline)
+    screen = min(full, proto.screen_steps(c.settings.steps_per_trial))
+    screen_cost = gpu_hours(c.recipe.cluster.gpus, c.stack.estimate_wall_time_s(c.trial_recipe(baseline), screen))
+    return proto.choose(c.settings.budget_gpu_hours, c.settings.replicates, c.settings.steps_per_trial,
+                        c.estimated_cost(baseline, "confirm"), screen_cost, gate_reserve(c, baseline),
+                        mode=c.settings.protocol)  # type: ignore[arg-type]
 
 
 def open_campaign(recipe: Recipe, settings: CampaignSettings, home: Path | None = None) -> Campaign:
@@ -68,7 +106,8 @@ def open_campaign(recipe: Recipe, settings: CampaignSettings, home: Path | None 
                 state.pending = None   # saved below, with the charge
         else:
             state = CampaignState(campaign_id=cid, recipe_toml=toml, settings=settings.model_dump(mode="json"),
-                                  budget=Budget(total_gpu_hours=settings.budget_gpu_hours))
+                                  budget=Budget(total_gpu_hours=settings.budget_gpu_hours),
+                                  protocol=choose_protocol(probe))
     except BaseException:
         lock.close()
         raise
@@ -122,7 +161,7 @@ def execute_attempt(c: Campaign, role: Role, levers: dict[str, Any], reserve: fl
     attempt that will be retried, on its own (charge_unrecorded). Asked to stop while it ran, it is
     charged what it ran and StopRequested is raised: there is no measurement to keep."""
     interrupt.check()
-    estimate = c.estimated_cost(levers)
+    estimate = c.estimated_cost(levers, role)
     if not c.state.budget.can_afford(estimate + reserve):
         raise BudgetExhausted(f"budget spent: the next trial needs about {estimate + reserve:.2f} GPU-hours "
                               f"(with the confirmation reserve), {c.state.budget.left:.2f} left")
@@ -132,7 +171,7 @@ def execute_attempt(c: Campaign, role: Role, levers: dict[str, Any], reserve: fl
     workdir = c.directory / "trials" / f"{index:03d}-{role}"
     workdir.mkdir(parents=True, exist_ok=True)
     seed = c.settings.seed * 100_003 + index * 7919 + len(c.state.pending.levers)
-    result = c.stack.run_trial(c.trial_recipe(levers, role), c.trial_steps(levers), seed, workdir)
+    result = c.stack.run_trial(c.trial_recipe(levers, role), c.trial_steps(levers, role), seed, workdir)
     if interrupt.requested():
         charge_unrecorded(c, result.gpu_hours)
         interrupt.check()
@@ -221,7 +260,7 @@ def planner_view(c: Campaign, gate_probe: Callable[[dict[str, Any]], bool] | Non
                        noise_band=c.state.noise_band or 0.0, budget_left_gpu_hours=c.state.budget.left,
                        trial_cost_gpu_hours=c.estimated_cost,
                        affordable=lambda levers: c.state.budget.can_afford(
-                           c.settings.replicates * c.estimated_cost(levers) + gate_reserve(c, levers)),
+                           c.estimated_cost(levers) + confirm_reserve(c, levers)),
                        gate_probe=gate_probe or (lambda levers: probe_layout(c, levers)),
                        probed={layout_key(p["levers"]): bool(p["passed"]) for p in c.state.gate_probes})
 
@@ -239,13 +278,48 @@ def next_proposal(c: Campaign, gate_probe: Callable[[dict[str, Any]], bool] | No
     return proposal
 
 
+def wants_baseline(c: Campaign) -> bool:
+    """Whether to measure another baseline run (the protocol's; a run it skips is noted with why)."""
+    runs = c.state.of_role("baseline")
+    baseline = c.recipe.layout().levers()
+    more, why = proto.more_baseline(protocol_of(c), len(runs), [t.tps for t in runs if t.result.ok],
+                                    c.state.budget.left, c.estimated_cost(baseline, "baseline"),
+                                    gate_reserve(c, baseline))
+    if why and why not in c.state.skipped:
+        c.state.skipped.append(why)
+    return more
+
+
+def planned_confirmations(c: Campaign) -> int:
+    """How many fresh confirmation runs the incumbent gets: replicates - 1 on the fixed protocol, on a
+    fitted one what the gain at stake asks and the budget pays (decided once per incumbent and saved,
+    so a resumed campaign keeps the plan whose test it runs)."""
+    incumbent = c.state.incumbent_record
+    protocol = protocol_of(c)
+    if not protocol.fitted:
+        return protocol.max_confirm_runs
+    plan = c.state.confirm_plan
+    if plan is not None and plan.get("levers") == incumbent.levers:
+        return int(plan["runs"])
+    base = c.state.baseline_tps
+    measured = mean_tps(c, incumbent.levers)
+    gain = measured / (sum(base) / len(base)) - 1 if base and measured else 0.0
+    runs, why = proto.confirmations(protocol, base, gain, c.state.noise_band or 0.0, c.state.budget.left,
+                                    confirm_cost(c, incumbent.levers), gate_reserve(c, incumbent.levers))
+    if why:
+        c.state.skipped.append(why)
+    c.state.confirm_plan = {"levers": incumbent.levers, "runs": runs}
+    c.save()
+    return runs
+
+
 def confirm_plan(c: Campaign) -> list[dict[str, Any]]:
     """Fresh replicates still to run for the incumbent (none if it is the baseline): replicates - 1
-    of them, whatever the search measured of it (see settle_incumbent)."""
+    of them on the fixed protocol, whatever the search measured of it (see settle_incumbent)."""
     incumbent = c.state.incumbent_record
     if incumbent is None or incumbent.role == "baseline":
         return []
-    return [incumbent.levers] * max(0, c.settings.replicates - 1 - len(_confirmations(c, incumbent.levers)))
+    return [incumbent.levers] * max(0, planned_confirmations(c) - len(_confirmations(c, incumbent.levers)))
 
 
 def _confirmations(c: Campaign, levers: dict[str, Any]) -> list[float]:
@@ -296,21 +370,28 @@ def settle_incumbent(c: Campaign) -> tuple[bool, float]:
     The search's own measurement of it is left out: it was chosen for being the best of many noisy
     measurements, so it is biased upward (the more a campaign explores, the more a noise-sized "gain"
     wins the search). Only with one replicate asked is there nothing fresh to test, and then every
-    measurement counts; confirmations that were asked but none ran (failed, or the budget stopped
-    them) leave nothing to accept."""
+    measurement counts; so too where a fitted protocol's budget paid no confirmation, and then the
+    test's level is split over the layouts the search measured (attune.campaign.protocol).
+    Confirmations that were planned but none ran (failed, or the budget stopped them) leave nothing
+    to accept."""
     incumbent = c.state.incumbent_record
     base = c.state.baseline_tps
     if incumbent is None or incumbent.role == "baseline":
         return False, 1.0
-    if c.settings.replicates > 1:
+    alpha = proto.ALPHA
+    if c.settings.replicates > 1 and planned_confirmations(c) > 0:
         samples = _confirmations(c, incumbent.levers)
     else:
-        samples = [t.tps for t in c.state.measured(incumbent.levers) if t.result.ok]
+        # One replicate asked, or a fitted protocol whose budget paid no confirmation: the search's own
+        # runs, the level split over the layouts it measured (the incumbent was the best of them)
+        samples = [t.tps for t in c.state.measured(incumbent.levers) if t.result.ok and t.role != "baseline"]
+        if c.settings.replicates > 1:
+            alpha = proto.search_alpha(len({layout_key(t.levers) for t in c.state.of_role("trial") if t.result.ok}))
     band = c.state.noise_band or 0.0
     if not samples:
         accepted, p, why = False, 1.0, "no confirmation run of the best candidate succeeded, baseline kept"
     else:
-        accepted, p = gain_is_real(base, samples, margin=band)
+        accepted, p = gain_is_real(base, samples, alpha=alpha, margin=band)
         why = (f"the best candidate's gain did not clear the noise band ({band:.1%}) on confirmation (p={p:.2f}), "
                f"baseline kept")
     if not accepted:

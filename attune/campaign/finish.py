@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from attune.campaign.context import Campaign
-from attune.campaign.engine import mean_tps
+from attune.campaign.engine import mean_tps, protocol_of
 from attune.campaign.gate_runs import gate_report
 from attune.campaign.payback import payback_hours
 from attune.recipe import Recipe, write_recipe
@@ -59,6 +59,8 @@ def final_message(c: Campaign) -> str:
         search += (f"; the gate refused the best candidate ({_why(c.state.rejected[-1]['gate'])}), "
                    f"so the best one the config check passes without a numerics change was confirmed and "
                    f"gated instead")
+    if c.state.skipped:
+        search += "; measured leaner than the fixed protocol: " + "; ".join(c.state.skipped)
     if c.state.shipped:
         return f"{search}; shipped {c.state.recipe_out}"
     gate = c.state.gate
@@ -90,6 +92,15 @@ def summary(record_levers: dict[str, Any], c: Campaign) -> dict[str, Any]:
             "peak_memory_gib": first.peak_memory_gib if first else None, "replicates": len(records)}
 
 
+def protocol_summary(c: Campaign) -> dict[str, Any]:
+    """How the campaign measured (attune.campaign.protocol): fixed or fitted to the budget, why, the runs
+    it measured in each role, and what it skipped of the fixed protocol and why."""
+    p = protocol_of(c)
+    return {"fitted": p.fitted, "why": p.why, "screen_steps": p.screen_steps,
+            "baseline_runs": len(c.state.of_role("baseline")), "confirm_runs": len(c.state.of_role("confirm")),
+            "skipped": list(c.state.skipped)}
+
+
 def campaign_result(c: Campaign) -> dict[str, Any]:
     s = c.state
     baseline_levers = s.of_role("baseline")[0].levers
@@ -108,6 +119,7 @@ def campaign_result(c: Campaign) -> dict[str, Any]:
         "gate_rejected": [{"levers": r["levers"], "reason": _why(r["gate"])} for r in s.rejected],
         "gate_probes": [{"levers": p["levers"], "passed": p["passed"]} for p in s.gate_probes],
         "baseline_defects": baseline_defects(c),
+        "protocol": protocol_summary(c),
         "payback_hours": payback_hours(s.budget.spent_gpu_hours, gain, c.recipe.cluster.gpus) if s.shipped else None,
         "mlflow_run_id": s.mlflow_run_id, "recipe_out": s.recipe_out, "campaign_dir": str(c.directory),
     }

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ValidationError
 
 from attune.campaign.budget import Budget
 from attune.campaign.diagnosis import Symptom
+from attune.campaign.protocol import Protocol
 from attune.errors import InputError
 from attune.files import atomic_write_text, attune_home
 from attune.stacks.base import TrialResult
@@ -73,6 +74,9 @@ class CampaignState(BaseModel):
     rejected: list[dict[str, Any]] = []     # numerics-tier incumbents the gate refused: levers, report
     gate_probes: list[dict[str, Any]] = []  # layouts the planner had gated before measuring: levers, passed
     gate_gpu_hours: float = 0.0             # what real-trainer gate runs were charged (torchtitan stack)
+    protocol: Protocol | None = None        # how it measures (attune.campaign.protocol); None: the fixed one
+    skipped: list[str] = []                 # runs the fixed protocol measures that this one skipped, and why
+    confirm_plan: dict[str, Any] | None = None   # the incumbent's planned confirmation runs: levers, runs
     noise_rel_sd: float | None = None
     noise_band: float | None = None
     pending: PendingTrial | None = None

@@ -23,6 +23,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "grid, and attune-no-RULE (default attune,random,bayes,estimator-topk)")
     p.add_argument("--budget-gpu-hours", type=float, metavar="GPU_HOURS",
                    help="per campaign (default: 40 GPU-hours per 64 GPUs of each recipe's cluster)")
+    p.add_argument("--budget-share", type=float, default=1.0, metavar="F",
+                   help="without --budget-gpu-hours: F times the default budget of each recipe's cluster, e.g. "
+                        "0.25 (the budget curve; default 1)")
     p.add_argument("--seeds", type=int, default=5, metavar="N", help="seeds per recipe and planner (default 5); seed s runs on "
                    "simulated cluster s + 1")
     p.add_argument("--world", default="realistic", metavar="WORLD", help="how far the simulated clusters depart from the public "
@@ -62,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
     from attune.flows.bench import tuner_benchmark
 
     payload = tuner_benchmark(args.recipes, planners=args.planners, budget_gpu_hours=args.budget_gpu_hours,
+                              budget_share=args.budget_share,
                               seeds=args.seeds, world=args.world, cluster=args.cluster, model_spec=args.model_spec,
                               steps_per_trial=args.steps_per_trial, replicates=args.replicates, gate_steps=args.gate_steps,
                               gate_seed=None if args.gate_seed < 0 else args.gate_seed,
@@ -91,7 +95,7 @@ def _validate(args: argparse.Namespace) -> None:
     if args.mlflow_uri:
         check_tracking_uri(args.mlflow_uri)
     variants = parse_planners(args.planners, args.disable_rule, args.ablations)
-    recipes = bench_recipes(args.recipes, args.cluster, args.model_spec, args.budget_gpu_hours)
+    recipes = bench_recipes(args.recipes, args.cluster, args.model_spec, args.budget_gpu_hours, args.budget_share)
     bench_cells(recipes, variants, args.seeds, args.steps_per_trial, args.replicates, args.gate_steps, world=args.world)
     if args.workers is not None and args.workers < 1:
         raise InputError("--workers", f"must be >= 1, got {args.workers}")

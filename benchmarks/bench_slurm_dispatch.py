@@ -50,8 +50,10 @@ print(json.dumps(out))
 
 def run_direct(pool, workdir: Path, steps: int) -> tuple[float, float]:
     started = time.monotonic()
+    # the worker runs with its venv on PATH (infra/slurm/start-worker.sh); srun's tasks need torchrun there too
+    env = pool.env | {"PATH": f"{Path(sys.executable).parent}:{pool.env.get('PATH', '')}"}
     proc = subprocess.run([sys.executable, "-c", DIRECT, str(pool_recipe()), str(workdir), str(steps)],
-                          env=pool.env, cwd=REPO, capture_output=True, text=True, timeout=600)
+                          env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
     wall = time.monotonic() - started
     if proc.returncode != 0:
         raise RuntimeError(f"direct trial failed:\n{proc.stderr[-2000:]}")

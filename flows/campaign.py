@@ -103,7 +103,6 @@ def tune_campaign(recipe_path: str, settings: CampaignSettings, cluster: str | N
 
 def _campaign(c: Campaign, recipe_path: str, mlflow_uri: str | None, out: str | None, store: str | None,
               gpu_pool: str | None, quiet: bool):
-    settings = c.settings
     c.quiet, c.gpu_pool = quiet, gpu_pool
     c.say = lambda text: _progress(c, text)
     if c.state.phase == "done" and c.state.result:

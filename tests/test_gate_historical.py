@@ -75,7 +75,6 @@ def test_resume_bugs_replay_what_the_buggy_restart_reads():
 def test_lr_scheduler_steps_once_per_process(monkeypatch):
     import torch
     from torchtitan.components.optimizer import LRSchedulersContainer
-    from torchtitan.config import derive
     from attune.stacks.torchtitan import historical_bugs as hb
     monkeypatch.setattr(hb, "_world", lambda: 2)
     opt = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=1.0)

@@ -166,17 +166,24 @@ def replicated_norm_summed(norm: torch.Tensor, group=None) -> torch.Tensor:
 @override(target=Profiler.Config,
           description="PT-88955: the replicated (NO_SHARD) gradient norm summed over the replicas")
 def clip_norm_replicas_summed(cfg):
+    # under HSDP 2 x 1 the replicate group is the world; the trainer logs the wrong norm too
+    _clip_with_norm(replicated_norm_summed, reports_clip_norm=True)
+    return cfg
+
+
+def _clip_with_norm(clip_norm, reports_clip_norm: bool) -> None:
+    """Patch torchtitan's clip_grad_norm_: reduce the true norm (no clip), clip with clip_norm(norm),
+    return the clip norm or the true one, as the bug's trainer did."""
     original = tt_dist_utils.clip_grad_norm_
 
     def clip_grad_norm_(parameters, max_norm, *args, foreach=None, **kwargs):
         parameters = list(parameters)
-        true_norm = original(parameters, float("inf"), *args, foreach=foreach, **kwargs)  # reduce, no clip
-        norm = replicated_norm_summed(true_norm)  # under HSDP 2 x 1 the replicate group is the world
-        torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, norm, foreach)
-        return norm
+        norm = original(parameters, float("inf"), *args, foreach=foreach, **kwargs)
+        used = clip_norm(norm)
+        torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, used, foreach)
+        return used if reports_clip_norm else norm
 
     tt_dist_utils.clip_grad_norm_ = clip_grad_norm_
-    return cfg
 
 
 # ---- PT-149768: the clip epsilon added on every rank before the norm's reduction -------------------
@@ -184,16 +191,8 @@ def clip_norm_replicas_summed(cfg):
 @override(target=Profiler.Config,
           description="PT-149768: clip coefficient max_norm / (norm + world_size * 1e-6)")
 def clip_epsilon_per_rank(cfg):
-    original = tt_dist_utils.clip_grad_norm_
-
-    def clip_grad_norm_(parameters, max_norm, *args, foreach=None, **kwargs):
-        parameters = list(parameters)
-        norm = original(parameters, float("inf"), *args, foreach=foreach, **kwargs)
-        # clip_grads_with_norm_ adds one epsilon itself; the bug added one per rank
-        torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, norm + (_world() - 1) * TORCH_CLIP_EPS, foreach)
-        return norm
-
-    tt_dist_utils.clip_grad_norm_ = clip_grad_norm_
+    # clip_grads_with_norm_ adds one epsilon itself; the bug added one per rank
+    _clip_with_norm(lambda norm: norm + (_world() - 1) * TORCH_CLIP_EPS, reports_clip_norm=False)
     return cfg
 
 

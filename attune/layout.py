@@ -5,7 +5,7 @@ Rules (torchtitan's, simplified where noted):
   tp divides n_heads and n_kv_heads
   pp · stages_per_rank <= n_layers                            (each stage holds at least one layer)
   local batch divisible by the pipeline micro-batch size     (pipeline micro-batches = local / size)
-  cp divides seq_len; ep > 1 only for MoE, divides n_experts and dp_shard · cp · tp
+  cp divides seq_len (cp > 1: in blocks of 128 tokens, torch's CP FlexAttention); ep > 1 only for MoE, divides n_experts and dp_shard · cp · tp
   global batch = local batch · grad-accum · dp, grad-accum a positive integer
   float8 only on accelerators with float8 tensor cores
 """
@@ -116,6 +116,10 @@ def layout_violations(layout: Layout, model: ModelSpec, cluster: ClusterSpec) ->
                                    f"local batch {layout.local_batch}"))
     if layout.seq_len % layout.cp:
         out.append((CP, f"cp={layout.cp} must divide seq_len={layout.seq_len}"))
+    elif layout.cp > 1 and layout.seq_len % (layout.cp * lever(CP).seq_block):
+        out.append((CP, f"cp={layout.cp} needs seq_len divisible by cp x {lever(CP).seq_block} "
+                        f"(context parallelism splits attention in {lever(CP).seq_block}-token blocks), "
+                        f"got seq_len={layout.seq_len}"))
     if layout.ep > 1:
         if not model.is_moe:
             out.append((EP, "expert parallelism needs an MoE model"))

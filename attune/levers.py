@@ -29,6 +29,7 @@ class Lever:
     description: str
     numerics: bool = False  # speed lever that changes numerics: the gate wants a convergence check
     max: int = INT_LEVER_MAX  # int levers only
+    seq_block: int = 1  # a sequence-splitting lever above 1 needs seq_len divisible by value x seq_block
 
     def coerce(self, value: Any) -> Scalar:
         """The value in this lever's type, or an InputError naming the lever and its rule."""

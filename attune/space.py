@@ -26,7 +26,7 @@ def lever_domains(recipe: Recipe) -> dict[str, list[Scalar]]:
     domains: dict[str, list[Scalar]] = {
         TP: ints(TP, lambda v: model.n_heads % v == 0 and model.n_kv_heads % v == 0),
         PP: ints(PP, lambda v: v <= model.n_layers),
-        CP: ints(CP, lambda v: base.seq_len % v == 0),
+        CP: ints(CP, lambda v: v == 1 or base.seq_len % (v * lever(CP).seq_block) == 0),
         EP: ints(EP, lambda v: v == 1 or (model.is_moe and model.n_experts % v == 0)),
         DP_REPLICATE: ints(DP_REPLICATE, lambda v: True),
         LOCAL_BATCH: [v for v in lever(LOCAL_BATCH).values if base.global_batch % v == 0],

@@ -70,6 +70,24 @@ def test_objective_fields_cannot_be_moved():
         apply_levers({}, {"optimizer.lr": 1e-3}, LLAMA8, H100_8)
 
 
+def test_context_parallel_needs_the_sequence_in_blocks_of_128_per_rank():
+    # torch's CP FlexAttention refuses seq 128 at cp=2 ("Q_LEN 128 is not divisible by CP mesh world
+    # size 2 * BLOCK_SIZE 128"); 256 runs (measured on the torchtitan CPU stack).
+    cp = "parallelism.context_parallel_degree"
+    with pytest.raises(InputError) as err:
+        resolve_layout({cp: 2, "training.seq_len": 128}, LLAMA8, H100_8)
+    assert err.value.field == cp and "cp x 128" in err.value.rule
+    assert resolve_layout({cp: 2, "training.seq_len": 256}, LLAMA8, H100_8).cp == 2
+
+
+def test_a_space_never_offers_context_parallelism_its_sequence_cannot_split():
+    from attune.recipe import load_recipe
+    from attune.space import iter_layouts, lever_domains
+    recipe = load_recipe("recipes/cpu/llama3_debug.toml")      # seq_len 128
+    assert lever_domains(recipe)["parallelism.context_parallel_degree"] == [1]
+    assert all(layout.cp == 1 for layout in iter_layouts(recipe))
+
+
 def test_float8_needs_float8_tensor_cores():
     with pytest.raises(InputError) as err:
         resolve_layout({"quantize.float8": "rowwise"}, LLAMA8, ClusterSpec(accelerator="a100", gpus=8))

@@ -14,6 +14,7 @@ import numpy as np
 
 from attune.layout import (AC_MODE, COMPILE, CP, DP_REPLICATE, EP, FLOAT8, LOCAL_BATCH, PP, PP_MICROBATCH,
                            PP_SCHEDULE, TP)
+from attune.levers import lever
 from attune.recipe import Recipe
 from attune.sim.arrays import AC_MODES, FLOAT8_MODES, SCHEDULES, LayoutArrays, from_columns, stages_per_rank
 from attune.space import lever_domains
@@ -47,7 +48,7 @@ def valid_mask(recipe: Recipe, la: LayoutArrays) -> np.ndarray:
     ok &= (model.n_heads % la.tp == 0) & (model.n_kv_heads % la.tp == 0)
     ok &= la.pp * stages_per_rank(la.pp, la.sched) <= model.n_layers
     ok &= (la.pp == 1) | (la.lb % la.mb == 0)
-    ok &= la.seq % la.cp == 0
+    ok &= (la.seq % la.cp == 0) & ((la.cp == 1) | (la.seq % (la.cp * lever(CP).seq_block) == 0))
     if model.is_moe:
         ok &= (la.ep == 1) | ((model.n_experts % la.ep == 0) & ((la.dps * la.cp * la.tp) % la.ep == 0))
     else:

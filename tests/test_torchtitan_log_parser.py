@@ -81,6 +81,15 @@ def test_duplicate_steps_from_several_nodes_count_once():
     assert [s.step for s in parsed.steps] == [1, 2] and parsed.steps[0].tps == 12345.0
 
 
+def test_a_pipeline_stage_without_the_loss_never_hides_the_real_loss():
+    # pp=2 logs the first and last local rank; the stage without the loss prints -1 per microbatch,
+    # and which rank holds the loss depends on the schedule (ZBVZeroBubble: rank 0).
+    placeholder = line(1, loss="-4.00000").replace("[rank0]", "[rank1]")
+    for lines in ([placeholder, line(1, loss="  8.13990")], [line(1, loss="  8.13990"), placeholder]):
+        assert [s.loss for s in parse_log("\n".join(lines)).steps] == [8.1399]
+    assert [s.loss for s in parse_log(placeholder).steps] == [-4.0]   # nothing better: kept as logged
+
+
 def test_cli_parse_log_json(cli, tmp_path):
     log = tmp_path / "train.log"
     log.write_text("\n".join(_log(steps=2) + [line(3, loss="     nan", mfu="N/A"),

@@ -118,6 +118,40 @@ def use_cpu() -> None:
         from torchtitan.distributed import utils as tt_dist_utils
         tt_dist_utils.set_pg_timeouts = lambda timeout, parallel_dims: torch.distributed.barrier()
     _fsdp_sum_then_divide()
+    _pipeline_step_takes_microbatches()
+
+
+def _pipeline_step_takes_microbatches() -> None:
+    """torchtitan 0.3 hands its pipeline schedule microbatches it split itself
+    (`schedule.step(arg_mbs=…, kwarg_mbs=…, target_mbs=…)`, trainer.pp_forward_backward_step), but
+    torch 2.13's `step` takes the whole batch and splits it again, so every pipeline-parallel run
+    failed at step 1 with "Expecting 2 arg_mbs but got 1". Such a call goes here to the schedule's
+    own per-microbatch entry point (`_step_microbatches`, which `step` itself ends in) after the
+    same per-iteration reset `step` does: the same schedule over the same microbatches."""
+    from torch.distributed.pipelining import schedules
+    for cls in (schedules.PipelineScheduleSingle, schedules.PipelineScheduleMulti):
+        original = cls.step
+        if getattr(original, "attune_cpu", False):
+            continue
+
+        def step(self, *args, _original=original, arg_mbs=None, kwarg_mbs=None, target_mbs=None,
+                 losses=None, return_outputs=True, loss_kwargs=None, **kwargs):
+            if arg_mbs is None and kwarg_mbs is None and target_mbs is None:
+                return _original(self, *args, losses=losses, return_outputs=return_outputs,
+                                 loss_kwargs=loss_kwargs, **kwargs)
+            stages = getattr(self, "_stages", None) or [self._stage]
+            for stage in stages:
+                stage.has_backward = self._has_backward
+                stage.clear_runtime_states()
+            self._step_microbatches(arg_mbs, kwarg_mbs, target_mbs, losses, return_outputs,
+                                    loss_kwargs=loss_kwargs)
+            for stage in stages:
+                if stage.is_last and return_outputs:
+                    return self._merge_outputs(stage.output_chunks)
+            return None
+
+        step.attune_cpu = True
+        cls.step = step
 
 
 def _fsdp_sum_then_divide() -> None:

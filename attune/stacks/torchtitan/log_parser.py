@@ -90,12 +90,22 @@ def is_completion(line: str) -> bool:
     return bool(_patterns()["completed"].search(strip_ansi(line)))
 
 
+def _placeholder(metrics: StepMetrics) -> bool:
+    """A pipeline stage without the loss logs -1 per microbatch (torchtitan's
+    pp_forward_backward_step); a cross-entropy loss is never negative."""
+    return metrics.loss is not None and metrics.loss < 0
+
+
 def collect_steps(lines: Iterable[str]) -> list[StepMetrics]:
-    """Every step once (the first line for a step wins: with several nodes each prints its own)."""
+    """Every step once. Several ranks may print a step (one per node, and under pipeline
+    parallelism the first and the last local rank): the first line with a real loss wins; a
+    placeholder from a stage that holds no loss only when no rank printed one."""
     seen: dict[int, StepMetrics] = {}
     for line in lines:
         metrics = parse_metrics_line(line)
-        if metrics is not None and metrics.step not in seen:
+        if metrics is None:
+            continue
+        if metrics.step not in seen or (_placeholder(seen[metrics.step]) and not _placeholder(metrics)):
             seen[metrics.step] = metrics
     return [seen[k] for k in sorted(seen)]
 

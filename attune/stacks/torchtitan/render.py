@@ -2,7 +2,7 @@
 string) and the environment it needs, returned separately.
 
     torchrun --nnodes N --nproc-per-node G --rdzv-backend c10d --rdzv-endpoint H:P --rdzv-id ID
-             --local-ranks-filter 0 --role rank --tee 3
+             --local-ranks-filter 0 --role rank --tee 3     (pp > 1: "0,LAST", the first and last local rank)
              -m torchtitan.train --module M --config C [--section.field value ...] [activation-checkpoint:X]
 
 One override per [config] field whose value differs from what torchtitan's recipe C sets
@@ -202,8 +202,12 @@ def render_launch(recipe: Recipe, *, extra: dict[str, Any] | None = None, env: d
         endpoint, run_id = rendezvous(nnodes, rdzv_endpoint, rdzv_id, recipe.name)
         where = (["--rdzv-backend", "c10d"] + ([] if endpoint == RDZV_FROM_ENV else ["--rdzv-endpoint", endpoint])
                  + ["--rdzv-id", run_id])
+    # Under pipeline parallelism only the last stage holds the loss: the last ranks for most
+    # schedules (pp is the outermost mesh dimension), the first for V-shaped ones (ZBVZeroBubble).
+    # Log a node's first and last local rank; the log parser keeps the line with the real loss.
+    log_ranks = f"0,{per_node - 1}" if recipe.layout().pp > 1 and per_node > 1 else "0"
     argv = ["torchrun", "--nnodes", str(nnodes), "--nproc-per-node", str(per_node), *where,
-            "--local-ranks-filter", "0", "--role", "rank", "--tee", "3",
+            "--local-ranks-filter", log_ranks, "--role", "rank", "--tee", "3",
             "-m", "torchtitan.train", *targs]
     return Launch(argv=argv, env=base_env | dict(env or {}), train_args=targs,
                   nnodes=nnodes, nproc_per_node=per_node)

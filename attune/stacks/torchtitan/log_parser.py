@@ -90,7 +90,7 @@ def is_completion(line: str) -> bool:
     return bool(_patterns()["completed"].search(strip_ansi(line)))
 
 
-def _placeholder(metrics: StepMetrics) -> bool:
+def is_placeholder_loss(metrics: StepMetrics) -> bool:
     """A pipeline stage without the loss logs -1 per microbatch (torchtitan's
     pp_forward_backward_step); a cross-entropy loss is never negative."""
     return metrics.loss is not None and metrics.loss < 0
@@ -105,7 +105,7 @@ def collect_steps(lines: Iterable[str]) -> list[StepMetrics]:
         metrics = parse_metrics_line(line)
         if metrics is None:
             continue
-        if metrics.step not in seen or (_placeholder(seen[metrics.step]) and not _placeholder(metrics)):
+        if metrics.step not in seen or (is_placeholder_loss(seen[metrics.step]) and not is_placeholder_loss(metrics)):
             seen[metrics.step] = metrics
     return [seen[k] for k in sorted(seen)]
 

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict
 from attune import interrupt
 from attune.stacks.base import StepMetrics, TrialStatus
 from attune.stacks.torchtitan.log_parser import (STOP_ASKED, STOP_MEASURED, STOP_STALLED, STOP_WALL, classify,
-                                                 collect_steps, parse_metrics_line)
+                                                 is_placeholder_loss, parse_metrics_line)
 
 TAIL_LINES = 200  # kept in memory for classification; the log file has everything
 
@@ -109,7 +109,9 @@ def run_process(argv: list[str], env: dict[str, str], log_path: Path | str, limi
                     log.flush()
                     tail.append(line.rstrip("\n"))
                     metrics = parse_metrics_line(line)
-                    if metrics is not None and metrics.step not in steps:
+                    if metrics is not None and is_placeholder_loss(metrics):
+                        last_progress = now   # a pipeline stage without the loss: progress, not a step
+                    elif metrics is not None and metrics.step not in steps:
                         steps[metrics.step] = metrics
                         last_progress = now
                         if on_step is not None:
@@ -133,9 +135,7 @@ def run_process(argv: list[str], env: dict[str, str], log_path: Path | str, limi
         interrupt.end_process_group(proc, limits.grace_s)
         raise
     wall = time.monotonic() - started
-    # Re-read the whole log: a step's first line may be a pipeline stage's placeholder loss, and
-    # collect_steps picks the line with the real one (the dict above only tracks progress).
-    ordered = collect_steps(log_path.read_text(errors="replace").splitlines()) or [steps[k] for k in sorted(steps)]
+    ordered = [steps[k] for k in sorted(steps)]
     status, message = classify(list(tail), returncode, stopped=stopped)
     return RunOutcome(status=status, returncode=returncode, wall_time_s=wall, steps=ordered, message=message,
                       log_path=str(log_path), stopped=stopped)

@@ -39,6 +39,25 @@ class Recipe(BaseModel):
     stack: StackSpec
     torchtitan: TorchtitanLaunch | None = None
     config: dict[str, Scalar] = {}
+    # Candidate values a tuner may try per lever, narrowing the lever catalog's (a stack that runs
+    # only some schedules, a team that never compiles). Empty: the catalog's whole domain.
+    search: dict[str, list[Scalar]] = {}
+
+    @field_validator("search")
+    @classmethod
+    def _search_levers(cls, value: dict[str, list[Scalar]]) -> dict[str, list[Scalar]]:
+        from attune.levers import lever_catalog
+        catalog = lever_catalog()
+        for key, values in value.items():
+            if key not in catalog:
+                raise ValueError(f"search.{key}: not a lever; levers are: {', '.join(sorted(catalog))}")
+            if not values:
+                raise ValueError(f"search.{key}: needs at least one value")
+            for v in values:
+                if v not in catalog[key].values:
+                    raise ValueError(f"search.{key}: {v!r} is not one of the lever's values "
+                                     f"({', '.join(map(str, catalog[key].values))})")
+        return value
 
     @field_validator("name")
     @classmethod
@@ -140,8 +159,10 @@ def recipe_to_dict(recipe: Recipe) -> dict[str, Any]:
     data = recipe.model_dump(exclude_none=True)
     data["cluster"] = recipe.cluster.model_dump(exclude_none=True)
     data["stack"] = recipe.stack.model_dump(exclude_none=True)
-    ordered = {k: data[k] for k in ("name", "model", "model_spec", "cluster", "stack", "torchtitan", "config")
-               if k in data}
+    if not data.get("search"):
+        data.pop("search", None)   # a recipe without one dumps (and hashes) as before
+    ordered = {k: data[k] for k in ("name", "model", "model_spec", "cluster", "stack", "torchtitan", "config",
+                                    "search") if k in data}
     return ordered
 
 

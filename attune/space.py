@@ -36,6 +36,9 @@ def lever_domains(recipe: Recipe) -> dict[str, list[Scalar]]:
         COMPILE: list(lever(COMPILE).values),
         FLOAT8: list(lever(FLOAT8).values) if cluster.part.supports_float8 else ["none"],
     }
+    for key, allowed in recipe.search.items():   # the recipe's [search] narrows a domain, in catalog order
+        if key in domains:
+            domains[key] = [v for v in domains[key] if v in allowed]
     return domains
 
 

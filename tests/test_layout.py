@@ -88,6 +88,26 @@ def test_a_space_never_offers_context_parallelism_its_sequence_cannot_split():
     assert all(layout.cp == 1 for layout in iter_layouts(recipe))
 
 
+def test_a_recipes_search_table_narrows_the_space_and_names_a_bad_value():
+    from attune.recipe import load_recipe, recipe_to_dict
+    from attune.space import iter_layouts, lever_domains
+    recipe = load_recipe("benchmarks/cpu/llama3_debug_search.toml")
+    domains = lever_domains(recipe)
+    assert domains["activation_checkpoint.mode"] == ["none", "full"]
+    assert domains["parallelism.pipeline_parallel_schedule"] == ["1F1B", "Interleaved1F1B", "ZBVZeroBubble"]
+    layouts = list(iter_layouts(recipe))
+    assert layouts and all(layout.ac_mode in ("none", "full") and layout.pp_microbatch == 1 for layout in layouts)
+    assert "search" not in recipe_to_dict(load_recipe("recipes/cpu/llama3_debug.toml"))  # unchanged identity
+    from attune.recipe import recipe_from_dict
+    raw = recipe_to_dict(recipe)
+    for search, words in (({"compile.enable": []}, "at least one value"),
+                          ({"activation_checkpoint.mode": ["most"]}, "'most' is not one of"),
+                          ({"optimizer.lr": [1]}, "not a lever")):
+        with pytest.raises(InputError) as err:
+            recipe_from_dict(raw | {"search": search})
+        assert words in str(err.value) and "\n" not in str(err.value)
+
+
 def test_float8_needs_float8_tensor_cores():
     with pytest.raises(InputError) as err:
         resolve_layout({"quantize.float8": "rowwise"}, LLAMA8, ClusterSpec(accelerator="a100", gpus=8))

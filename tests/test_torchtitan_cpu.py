@@ -78,6 +78,16 @@ def test_pipeline_parallel_trains_on_cpu_and_reports_the_last_stage_loss(tmp_pat
 
 
 @needs_torchtitan
+def test_a_process_above_the_cpu_clusters_memory_is_an_out_of_memory_trial(tmp_path):
+    from attune.stacks.torchtitan.stack import TorchtitanStack
+    recipe = load_recipe(RECIPE)
+    recipe = recipe.on_cluster(recipe.cluster.model_copy(update={"hbm_gib": 0.3}))   # torch alone holds more
+    result = TorchtitanStack(warmup_steps=1).run_trial(recipe, steps=2, seed=0, workdir=tmp_path)
+    assert result.status == TrialStatus.OOM, result.message
+    assert "above the 0.30 GiB one process may hold" in result.message
+
+
+@needs_torchtitan
 def test_gate_on_real_torchtitan_curves(tmp_path, cli):
     proc = cli("gate", "eval", "--stack", "torchtitan", "--only", "T-L01_microbatch_1,T-F01_lr_doubled",
                "--steps", "6", "--workdir", tmp_path, "--json")

@@ -16,7 +16,9 @@ module points them all at the CPU:
   process group   gloo (torch's default backend for "cpu"; torchtitan asks the backend map)
   device module   `CpuDevice` below: torch.cpu has no memory statistics, device name or
                   properties, which torchtitan's DeviceMemoryMonitor reads; peak memory is the
-                  process's peak resident set (what a CPU run holds), capacity the machine's RAM
+                  process's peak resident set (what a CPU run holds), capacity the machine's RAM,
+                  and a resident set above the cluster's per-process memory is an out-of-memory
+                  error, as on a GPU
 
 It imports torchtitan and torch only, like overrides.py: the training process stays as it would be
 without ATTUNE. What does not run on the CPU is left to fail loudly (float8 needs SM89+, CUDA
@@ -38,6 +40,10 @@ from torchtitan.tools import utils as tt_utils
 # Modules that did `from torchtitan.tools.utils import device_type[, device_module]` at import.
 _COPIES = ("torchtitan.components.metrics", "torchtitan.models.common.token_dispatcher",
            "torchtitan.distributed.parallel_dims", "torchtitan.distributed.utils", "torchtitan.tools.profiler")
+
+
+# The memory one process may hold, in GiB (the cpu cluster's hbm_gib; render.py sets it).
+MEMORY_LIMIT_ENV = "ATTUNE_CPU_MEMORY_LIMIT_GIB"
 
 
 class _Properties:
@@ -89,6 +95,13 @@ class CpuDevice:
     @staticmethod
     def memory_stats(device=None) -> dict[str, int]:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
+        limit = float(os.environ.get(MEMORY_LIMIT_ENV, "0") or 0) * 2**30
+        if limit and peak > limit:
+            # A GPU that runs out of memory raises this at the allocation; a CPU process would only
+            # swap. torchtitan's memory monitor reads these stats every logged step, so a run whose
+            # resident set passes the cluster's per-process memory ends there, reported as an OOM.
+            raise torch.OutOfMemoryError(f"CPU out of memory: peak resident set {peak / 2**30:.2f} GiB is above "
+                                         f"the {limit / 2**30:.2f} GiB one process may hold ({MEMORY_LIMIT_ENV})")
         return {"active_bytes.all.peak": peak, "reserved_bytes.all.peak": peak,
                 "num_alloc_retries": 0, "num_ooms": 0}
 

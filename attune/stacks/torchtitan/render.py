@@ -194,6 +194,8 @@ def render_launch(recipe: Recipe, *, extra: dict[str, Any] | None = None, env: d
     nnodes = cluster.gpus // per_node
     targs = train_args(recipe, extra)
     base_env = dict(BASE_ENV)
+    if on_cpu(recipe):   # cpu.py's memory monitor holds each process to the cluster's memory
+        base_env["ATTUNE_CPU_MEMORY_LIMIT_GIB"] = f"{cluster.memory_gib:g}"
     if on_cpu(recipe) and nnodes == 1:
         # One machine's cores: each process gets its share, and a free port of its own.
         where = ["--standalone"]

@@ -1,4 +1,4 @@
-"""Stacks by name: `--stack sim|torchtitan`. Imported lazily so the sim needs no torchtitan."""
+"""Stacks by name: `--stack sim|torchtitan|measured`. Imported lazily so the sim needs no torchtitan."""
 
 from __future__ import annotations
 
@@ -17,7 +17,12 @@ def _torchtitan(**options: Any):
     return TorchtitanStack(**options)
 
 
-STACKS = {"sim": _sim, "torchtitan": _torchtitan}
+def _measured(**options: Any):
+    from attune.stacks.measured import MeasuredStack
+    return MeasuredStack(**options)
+
+
+STACKS = {"sim": _sim, "torchtitan": _torchtitan, "measured": _measured}
 
 
 def make_stack(name: str, **options: Any):

@@ -24,7 +24,7 @@ demo: $(STAMP)
 	$(BIN)/attune leaderboard
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest -m "not slow" --durations=20
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest

@@ -229,7 +229,7 @@ def prefect_server(workdir: Path, ui: bool = False, timeout_s: float = 120.0,
             wait_http(f"{server.api_url}/health", proc, log, timeout_s, expect="true")
             yield server
     finally:
-        stop(proc)
+        stop(server.proc)   # after a restart() the server runs under a new pid
 
 
 @contextlib.contextmanager
@@ -281,4 +281,4 @@ def mlflow_server(workdir: Path, timeout_s: float = 120.0, port: int | None = No
             wait_http(f"{server.url}/health", proc, log, timeout_s)
             yield server
     finally:
-        stop(proc)
+        stop(server.proc)   # after a restart() the server runs under a new pid

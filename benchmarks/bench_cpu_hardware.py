@@ -102,18 +102,17 @@ def campaigns(out: Path, budget: float, seeds: int, planners: tuple[str, ...]) -
             row = _row(planner, seed, budget, result, time.monotonic() - started)
             with rows_path.open("a") as fh:
                 fh.write(json.dumps(row) + "\n")
-            print(f"{planner} seed {seed}: shipped {row['shipped_tps'] or 0:.0f} tok/s/proc "
-                  f"({row['decision']}), {row['used']:.3f} of {budget:g} process-hours, {row['seconds']:.0f} s",
-                  flush=True)
+            print(f"{planner} seed {seed}: {'shipped ' + _short(row['levers']) if row['shipped'] else 'kept the baseline'} "
+                  f"(measured {100 * row['measured_gain']:+.0f}%), {row['used']:.3f} of {budget:g} process-hours, "
+                  f"{row['trials']} runs, {row['seconds']:.0f} s", flush=True)
 
 
 def _row(planner: str, seed: int, budget: float, result, seconds: float) -> dict:
-    data = result if isinstance(result, dict) else result.model_dump(mode="json")
-    shipped = data.get("shipped_levers") or data.get("levers") or data.get("best_levers")
-    return {"planner": planner, "seed": seed, "budget": budget, "decision": data.get("decision", ""),
-            "levers": shipped, "shipped_tps": None, "used": data.get("gpu_hours_used", 0.0),
-            "trials": data.get("trials", 0), "seconds": seconds, "raw": {k: data.get(k) for k in
-                                                                          ("decision", "reason", "protocol")}}
+    data = result if isinstance(result, dict) else result.result()   # the flow returns the result dict
+    shipped = data["best"]["levers"] if data["shipped"] else None
+    return {"planner": planner, "seed": seed, "budget": budget, "shipped": data["shipped"], "levers": shipped,
+            "measured_gain": data["gain"], "used": data["gpu_hours_used"], "trials": data["trials"],
+            "stop_reason": data["stop_reason"], "protocol": data["protocol"]["why"], "seconds": seconds}
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -125,20 +124,21 @@ def report(out: Path, budget: float) -> None:
     table = MeasuredTable(out / "sweep.jsonl")
     limit = recipe.cluster.memory_gib
     fits = {k: r for k, r in table.records.items() if table.fits(r, limit)}
-    ok = {k: r for k, r in fits.items() if r["status"] == "ok"}
-    oracle_key = max(ok, key=lambda k: ok[k]["tokens_per_sec_per_gpu"])
+    ok = {k: r for k, r in fits.items() if r["status"] == "ok" and table.tps(r)}
+    oracle_key = max(ok, key=lambda k: table.tps(ok[k]))
     oracle = ok[oracle_key]
-    base = table.record(recipe.layout().levers())
-    base_tps = base["tokens_per_sec_per_gpu"]
+    oracle_tps = table.tps(oracle)
+    base_tps = table.tps(table.record(recipe.layout().levers()))
     statuses = [r["status"] if table.fits(r, limit) else "oom" for r in table.records.values()]
     print(f"## CPU hardware benchmark (measured on this machine: {os.cpu_count()} cores, torchtitan 0.3 debug model, cpu:2)\n")
     print(f"- sweep: {len(table.records)} layouts, {sum(s == 'ok' for s in statuses)} ran, "
           f"{statuses.count('oom')} over the {limit:g} GiB per-process limit, "
           f"{len(statuses) - statuses.count('ok') - statuses.count('oom')} failed otherwise; "
           f"{sum(r['wall_time_s'] for r in table.records.values()) / 60:.0f} min of runs")
-    print(f"- baseline {base_tps:.0f} tok/s/proc; measured oracle {oracle['tokens_per_sec_per_gpu']:.0f} "
-          f"(+{100 * (oracle['tokens_per_sec_per_gpu'] / base_tps - 1):.0f}%): {_short(oracle['levers'])}")
-    _estimator_view(recipe, ok, oracle_key)
+    print(f"- baseline {base_tps:.0f} tok/s/proc; measured oracle {oracle_tps:.0f} "
+          f"(+{100 * (oracle_tps / base_tps - 1):.0f}%): {_short(oracle['levers'])}")
+    _estimator_view(recipe, {k: table.tps(r) for k, r in ok.items()}, {k: r["levers"] for k, r in ok.items()},
+                    oracle_key)
     rows = _jsonl(out / f"campaigns-{budget:g}.jsonl")
     if not rows:
         return
@@ -147,29 +147,26 @@ def report(out: Path, budget: float) -> None:
     print("|---|---|---|---|---|---|---|")
     for planner in dict.fromkeys(r["planner"] for r in rows):
         mine = [r for r in rows if r["planner"] == planner]
-        tps = [table.record(r["levers"])["tokens_per_sec_per_gpu"] if r["levers"] else base_tps for r in mine]
-        shares = [t / oracle["tokens_per_sec_per_gpu"] for t in tps]
+        tps = [table.tps(table.record(r["levers"])) if r["levers"] else base_tps for r in mine]
+        shares = [t / oracle_tps for t in tps]
         false = sum(t < base_tps for t in tps)
         print(f"| {planner} | {len(mine)} | {100 * statistics.mean(shares):.1f}% | {100 * min(shares):.1f}% | "
               f"{100 * (statistics.mean(tps) / base_tps - 1):+.1f}% | {statistics.mean(r['used'] for r in mine):.3f} | "
               f"{false} |")
 
 
-def _estimator_view(recipe, ok: dict, oracle_key: str) -> None:
+def _estimator_view(recipe, measured: dict, levers: dict, oracle_key: str) -> None:
     """Where the public estimator (what planners consult before measuring) is wrong about a CPU."""
     from scipy.stats import spearmanr
 
     from attune.sim.estimator import estimate
-    predicted = {}
-    for key, record in ok.items():
-        est = estimate(recipe_at(recipe, record["levers"]))
-        predicted[key] = est.tokens_per_sec_per_gpu if est is not None else 0.0
-    keys = list(ok)
-    rho = spearmanr([predicted[k] for k in keys], [ok[k]["tokens_per_sec_per_gpu"] for k in keys]).statistic
+    predicted = {k: estimate(recipe_at(recipe, levers[k])).tokens_per_sec_per_gpu for k in measured}
+    keys = list(measured)
+    rho = spearmanr([predicted[k] for k in keys], [measured[k] for k in keys]).statistic
     ranked = sorted(keys, key=lambda k: -predicted[k])
     print(f"- public estimator: rank correlation with measured throughput {rho:+.2f}; it ranks the measured "
           f"oracle #{ranked.index(oracle_key) + 1} of {len(keys)}; its own top pick measures "
-          f"{ok[ranked[0]]['tokens_per_sec_per_gpu']:.0f} tok/s/proc ({_short(ok[ranked[0]]['levers'])})")
+          f"{measured[ranked[0]]:.0f} tok/s/proc ({_short(levers[ranked[0]])})")
 
 
 def main() -> int:

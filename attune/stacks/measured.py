@@ -57,6 +57,15 @@ class MeasuredTable:
         return self.records[key]
 
     @staticmethod
+    def tps(record: dict[str, Any]) -> float | None:
+        """The layout's measured tokens/s per process (the run's median step, as torchtitan's stack
+        reports a trial)."""
+        if record.get("tokens_per_sec_per_gpu"):
+            return float(record["tokens_per_sec_per_gpu"])
+        steps = [t for t in record.get("step_tps") or [] if t]
+        return float(np.median(steps)) if steps else None
+
+    @staticmethod
     def fits(record: dict[str, Any], limit_gib: float) -> bool:
         peak = record.get("peak_memory_gib")
         return peak is None or peak <= limit_gib
@@ -70,13 +79,14 @@ class MeasuredStack:
         if not table:
             raise InputError("--stack measured", f"needs a table of measured runs (stack option table, or {TABLE_ENV})")
         self.table = MeasuredTable(table)
+        # torchtitan's own estimate, which learns from the runs this stack returns as it would from
+        # live ones (and never from the rest of the table)
+        from attune.stacks.torchtitan.stack import TorchtitanStack
+        warmup = int(next(iter(self.table.records.values()), {}).get("warmup_steps", 2))
+        self._estimator = TorchtitanStack(warmup_steps=warmup, validate=False)
 
     def estimate_wall_time_s(self, recipe: Recipe, steps: int) -> float:
-        from attune.stacks.torchtitan.stack import TorchtitanStack
-        return TorchtitanStack(warmup_steps=self._warmup(), validate=False).estimate_wall_time_s(recipe, steps)
-
-    def _warmup(self) -> int:
-        return int(next(iter(self.table.records.values())).get("warmup_steps", 2)) if self.table.records else 2
+        return self._estimator.estimate_wall_time_s(recipe, steps)
 
     def run_trial(self, recipe: Recipe, steps: int, seed: int, workdir: Path) -> TrialResult:
         layout = recipe.layout()
@@ -105,6 +115,7 @@ class MeasuredStack:
         wall = startup + warmup * float(np.mean(step_s)) + float(np.sum(sampled))
         metrics = [StepMetrics(step=warmup + i + 1, tps=tokens / s, memory_gib=record.get("peak_memory_gib"))
                    for i, s in enumerate(sampled)]
+        self._estimator.learn(recipe, wall, warmup + len(sampled), mean_s)
         return TrialResult(status=TrialStatus.OK, wall_time_s=wall, tokens_per_sec_per_gpu=tokens / mean_s,
                            step_time_s=mean_s, peak_memory_gib=record.get("peak_memory_gib"), steps=metrics,
                            message="replayed from a measured run", **base)

@@ -181,6 +181,11 @@ class TorchtitanStack:
         outcome = self.executor(launch, workdir / "train.log", limits, workdir)
         return self._result(recipe, outcome, levers, launch)
 
+    def learn(self, recipe: Recipe, wall_time_s: float, steps_run: int, step_time_s: float) -> None:
+        """What a finished run measured replaces the estimate's priors for the same launch."""
+        self._step_s[self._key(recipe)] = step_time_s
+        self._startup_s[self._startup_key(recipe)] = max(0.0, wall_time_s - steps_run * step_time_s)
+
     # ---- helpers -------------------------------------------------------------------------
 
     def _check(self, launch: Launch, recipe_key: str) -> None:
@@ -206,8 +211,7 @@ class TorchtitanStack:
         memory = [s.memory_gib for s in outcome.steps if s.memory_gib is not None and math.isfinite(s.memory_gib)]
         step_time = recipe.layout().tokens_per_step / (tps * recipe.cluster.gpus) if tps else None
         if step_time and outcome.status == TrialStatus.OK:
-            self._step_s[self._key(recipe)] = step_time
-            self._startup_s[self._startup_key(recipe)] = max(0.0, outcome.wall_time_s - len(outcome.steps) * step_time)
+            self.learn(recipe, outcome.wall_time_s, len(outcome.steps), step_time)
         message = outcome.message
         if outcome.status == TrialStatus.OK and not timed:
             message = f"{message}; no step after the {self.warmup_steps} warm-up steps to measure"

@@ -6,6 +6,7 @@ Run with -s to see the table (source, model, cluster, layout, measured, predicte
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from attune.sim.calibration import CALIBRATION_DIR, calibration_table, estimate_point, format_table, load_points
 from attune.sim.ground_truth import hidden_effects, measure_point
@@ -61,3 +62,34 @@ def test_every_public_run_fits_in_the_simulated_memory_model():
     # H200 rows of one third-party report show 35-41% less than modelled, the widest misses)
     errors = [abs(r["predicted_memory_gib"] / r["measured_memory_gib"] - 1) for r in rows if r["measured_memory_gib"]]
     assert len(errors) >= 10 and np.median(errors) < 0.10 and max(errors) < 0.45
+
+
+MEMORY_ONLY = sorted((CALIBRATION_DIR / "memory_only").glob("*.csv"))
+BRIDGE_MOE = load_points(MEMORY_ONLY)
+
+
+@pytest.mark.parametrize("point", BRIDGE_MOE, ids=[f"{p.source.rsplit('(', 1)[-1].rstrip(')')}-{p.model.name}-"
+                                                    f"{p.cluster.gpus}-{p.label.split(' s')[0].replace(' ', '-')}"
+                                                    for p in BRIDGE_MOE])
+def test_megatron_bridge_moe_run_fits(point):
+    """Every MoE run on H100 that Megatron-Bridge published (25.09-26.06, up to 1,024 GPUs) ran, so it
+    fits in the public memory model the planners consult (a planner must not avoid a layout that works)."""
+    row = calibration_table(estimate_point, [point])[0]
+    assert row["fits"], (f"{row['model']} {row['cluster']} {row['layout']}: {row['predicted_memory_gib']:.1f} GiB "
+                         f"predicted on an {point.hw.hbm_gib:.0f} GiB part")
+
+
+def test_the_memory_only_rows_are_read_and_stay_out_of_the_throughput_calibration():
+    assert len(BRIDGE_MOE) == 19 and {p.model.name for p in BRIDGE_MOE} >= {"deepseek-v3-671b", "gpt-oss-120b"}
+    assert max(p.cluster.gpus for p in BRIDGE_MOE) == 1024
+    # the throughput calibration reads the top folder only: its figure stays comparable with earlier ones
+    assert len(load_points()) == sum(len(p.read_text().splitlines()) - 1 for p in CALIBRATION_DIR.glob("*.csv"))
+
+
+def test_a_megatron_pipeline_layout_gives_its_slots_or_a_clear_error():
+    from attune.sim.calibration import pipeline_layout_slots
+    assert pipeline_layout_slots("Et|(tt|)*30mL", 61, 32) == 3     # embedding, MTP block, loss
+    assert pipeline_layout_slots("", 61, 32) is None
+    for bad, chunks in (("Et|(tt|)*30mL", 16), ("Et|(tt|)*29mL", 32), ("Et|(ttt|)*30mL", 32)):
+        with pytest.raises(ValueError, match="pipeline_layout"):
+            pipeline_layout_slots(bad, 61, chunks)

@@ -16,6 +16,7 @@ This module never imports the ground truth: `calibration_table(predict)` takes t
 from __future__ import annotations
 
 import csv
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,15 +47,21 @@ class Point:
     measured_memory_gib: float | None
     label: str
     fsdp: bool = False        # a Megatron row run with Megatron-FSDP instead of the distributed optimizer
+    pipeline_slots: int | None = None   # non-decoder slots of the row's custom pipeline layout
 
     @property
     def stack_spec(self) -> StackSpec:
         return CALIBRATION_STACKS[self.stack]
 
     def memory_params(self) -> MemoryParams:
-        """The stack's memory parameters, with FSDP's sharding where the row ran FSDP."""
+        """The stack's memory parameters, with FSDP's sharding where the row ran FSDP and the row's own
+        pipeline split where it gave one (pipeline_layout)."""
         mem = memory_params(self.stack)
-        return mem.model_copy(update={"distributed_optimizer": False}) if self.fsdp else mem
+        if self.fsdp:
+            mem = mem.model_copy(update={"distributed_optimizer": False})
+        if self.pipeline_slots is not None:
+            mem = mem.model_copy(update={"embedding_in_pipeline_split": True, "pipeline_slots": self.pipeline_slots})
+        return mem
 
 
 def _num(text: str, default: float | None = None) -> float | None:
@@ -108,9 +115,26 @@ def _megatron_point(row: dict[str, str]) -> Point:
                       v=vp if pp > 1 else 1)
     label = f"tp{tp} pp{pp} vp{vp} cp{cp} ep{ep} dp{dp} mbs{mbs} gbs{gbs} s{row['seq_len']} {prec}"
     fsdp = "fsdp" in (row.get("dp_note") or "").lower()
+    slots = pipeline_layout_slots(row.get("pipeline_layout") or "", model.n_layers, pp * vp)
     return Point(source=row["source"], model=model, cluster=cluster, hw=hw, stack="megatron", layout=la,
                  measured_tps=float(row["tokens_per_sec_per_gpu"]), measured_memory_gib=None,
-                 label=label + (" fsdp" if fsdp else ""), fsdp=fsdp)
+                 label=label + (" fsdp" if fsdp else ""), fsdp=fsdp, pipeline_slots=slots)
+
+
+def pipeline_layout_slots(layout: str, n_layers: int, chunks: int) -> int | None:
+    """The non-decoder slots of a Megatron `pipeline_model_parallel_layout` ("Et|(tt|)*30mL": E the
+    embedding, t a decoder layer, m an MTP block, L the loss, | between virtual stages), checked
+    against the model and the pipeline; None for no layout."""
+    if not layout:
+        return None
+    expanded = re.sub(r"\(([^()]*)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), layout)
+    stages = expanded.split("|")
+    if expanded.count("t") != n_layers or len(stages) != chunks or set(expanded) - set("Etm|L"):
+        raise ValueError(f"pipeline_layout {layout!r} does not place {n_layers} layers on {chunks} stages")
+    # the split is even when every stage holds the same number of slots
+    if len({len(stage) for stage in stages}) != 1:
+        raise ValueError(f"pipeline_layout {layout!r}: stages of unequal slot counts are not modelled")
+    return len(expanded.replace("|", "")) - n_layers
 
 
 def load_points(paths: list[Path] | None = None) -> list[Point]:

@@ -100,6 +100,9 @@ class MemoryParams(BaseModel):
     # True: the pipeline split counts the embedding and the loss as a layer each (Megatron's
     # account_for_*_in_pipeline_split), so the first stage's first chunk has one decoder layer fewer.
     embedding_in_pipeline_split: bool = False
+    # The pipeline slots that are no decoder layer: the embedding and the loss, and a multi-token-
+    # prediction block where a custom Megatron layout places one (DeepSeek-V3's "Et|(tt|)*30mL").
+    pipeline_slots: int = 2
 
 
 class HardwareParams(BaseModel):

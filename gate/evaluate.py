@@ -47,7 +47,8 @@ class CaseResult(BaseModel):
     id: str
     kind: str
     label: str
-    caught: bool | None          # faults and controls: rejected by the gate
+    caught: bool | None          # faults and controls: rejected by the gate's checks (not by a crash)
+    crashed: bool = False        # a run of the case failed: no verdict, so neither caught nor passed
     false_reject: bool | None    # legitimate: rejected by the gate
     rejected: bool               # the gate's verdict, whatever the kind
     fired: list[str]             # kinds of the checks that failed: config, defect, data, invariant, step1, curve
@@ -65,6 +66,7 @@ class EvalReport(BaseModel):
     model_config = ConfigDict(extra="forbid")
     faults: int
     caught: int
+    crashed: int = 0             # faults whose runs crashed: not counted as caught
     caught_runtime: int
     caught_config_only: int
     legit: int
@@ -173,11 +175,14 @@ def _case(case: dict, base: Recipe, workdir: Path, steps: int, replicates: int, 
         fired = sorted({kinds[n] for n in verdict.fired})
         names = verdict.fired
     rejected = not config.passed or verdict is None or not verdict.passed
+    # A crashed run leaves no verdict: a campaign would not ship it, but the gate did not detect
+    # anything, so it does not count as caught (nor as a legitimate case rejected by a check).
+    crashed = config.passed and verdict is None
     fault = case["kind"] in ("fault", "control")  # a control: a real bug expected below any band
     legit = case["kind"] == "legit"
     bug = historical_bugs().get(case["bug"], {}) if case.get("bug") else {}
-    return CaseResult(id=case["id"], kind=case["kind"], label=case["label"], rejected=rejected,
-                      caught=rejected if fault else None, false_reject=rejected if legit else None,
+    return CaseResult(id=case["id"], kind=case["kind"], label=case["label"], rejected=rejected, crashed=crashed,
+                      caught=(rejected and not crashed) if fault else None, false_reject=rejected if legit else None,
                       fired=fired, checks=names[:6], steps_used=verdict.steps_used if verdict else None,
                       mode=verdict.mode if verdict else None, seconds=round(time.perf_counter() - start, 2),
                       first_step=first, bug=case.get("bug"), tracker=bug.get("tracker"), fix=bug.get("fix"))
@@ -223,7 +228,8 @@ def evaluate(steps: int | None = None, quick: bool = False, workdir: Path | None
     numerics = [r for r in results if r.kind == "numerics"]
     caught = [r for r in faults if r.caught]
     runtime = [r for r in caught if set(r.fired) - {"config", "defect"}]
-    return EvalReport(faults=len(faults), caught=len(caught), caught_runtime=len(runtime),
+    return EvalReport(faults=len(faults), caught=len(caught), crashed=sum(1 for r in faults if r.crashed),
+                      caught_runtime=len(runtime),
                       caught_config_only=len(caught) - len(runtime), legit=len(legit),
                       false_rejects=sum(1 for r in legit if r.false_reject), numerics=len(numerics),
                       numerics_rejected=sum(1 for r in numerics if r.rejected), steps=steps, seed=seed,
@@ -239,7 +245,7 @@ def table(report: EvalReport) -> str:
     lines = ["| case | kind | label | checks that fired | verdict | steps |", "| --- | --- | --- | --- | --- | --- |"]
     for r in report.per_case:
         if r.kind == "fault":
-            verdict = "caught" if r.caught else "**missed**"
+            verdict = "caught" if r.caught else ("**crashed** (not counted)" if r.crashed else "**missed**")
         elif r.kind == "legit":
             verdict = "**false reject**" if r.false_reject else "passed"
         else:
@@ -247,8 +253,9 @@ def table(report: EvalReport) -> str:
         lines.append(f"| {r.id} | {r.kind} | {r.label} | {', '.join(r.fired) or '-'} | {verdict} | "
                      f"{r.steps_used or '-'} |")
     lines.append("")
+    crashed = f", {report.crashed} crashed (not counted)" if report.crashed else ""
     lines.append(f"faults caught: {report.caught}/{report.faults} ({report.caught_runtime} by runtime checks, "
-                 f"{report.caught_config_only} by the config check alone); legitimate: "
+                 f"{report.caught_config_only} by the config check alone{crashed}); legitimate: "
                  f"{report.legit - report.false_rejects}/{report.legit} passed, {report.false_rejects} false "
                  f"rejects; numerics changes: {report.numerics_rejected}/{report.numerics} rejected; "
                  f"{report.steps} steps; {report.seconds:.0f} s; trainer {report.trainer}; noise {report.noise}, "
@@ -273,7 +280,7 @@ def historical_table(report: EvalReport) -> str:
     lines = ["| bug | what | tracker | fix | caught | checks that fired | first evidence at step | steps run |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in report.per_case:
-        caught = ("yes" if r.caught else "**no**") if r.kind == "fault" else \
+        caught = ("yes" if r.caught else ("**crashed** (not counted)" if r.crashed else "**no**")) if r.kind == "fault" else \
             (f"{'yes' if r.caught else 'no'} (control)" if r.kind == "control" else
              ("**false reject**" if r.false_reject else "passed (legit)"))
         lines.append(f"| {r.bug or r.id} | {r.label} | {link(r.tracker)} | {link(r.fix)} | {caught} | "

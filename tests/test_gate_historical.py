@@ -225,3 +225,20 @@ def test_noise_wraps_a_fault_that_patched_clipping_before_it(monkeypatch):
     norm = tt_dist_utils.clip_grad_norm_([p], 1.0, foreach=True)
     assert float(norm) == pytest.approx(0.5 * 1000 ** 0.5, rel=1e-3) and float(norm) != 0.5 * 1000 ** 0.5
     assert float(p.grad.norm()) == pytest.approx(float(norm), rel=1e-6)   # noisy, and not clipped
+
+
+def test_a_crashed_case_is_neither_caught_nor_passed(monkeypatch, tmp_path):
+    """A fault whose run crashes leaves no verdict: it must not count as caught (issue 26's note: one
+    noisy run was "caught" by a crash of its own run)."""
+    from attune.gate import evaluate as ev
+    from attune.gate import torchtitan_runs
+    monkeypatch.setattr(torchtitan_runs, "converge", lambda *a, **k: (None, "run crashed: exit code 1"))
+    case = next(c for c in ev.suite("historical")["cases"] if c["kind"] == "fault")
+    result = ev._case(case, base_recipe("historical"), tmp_path, steps=4, replicates=2, workers=1, seed=0,
+                      runner=object())
+    assert result.rejected and result.crashed and result.caught is False and result.fired == ["run"]
+    report = EvalReport(faults=1, caught=0, crashed=1, caught_runtime=0, caught_config_only=0, legit=0,
+                        false_rejects=0, numerics=0, numerics_rejected=0, steps=4, seed=0, seconds=1.0,
+                        per_case=[result], trainer="torchtitan", gpu_hours=0.0, suite="torchtitan",
+                        noise="none", replicates=2)
+    assert "1 crashed (not counted)" in ev.table(report) and "**crashed**" in ev.table(report)

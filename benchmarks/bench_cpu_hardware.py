@@ -1,13 +1,14 @@
 """The planners on real hardware: torchtitan on this machine's CPU, scored against a measured oracle.
 
     .venv/bin/python benchmarks/bench_cpu_hardware.py sweep        # every layout once, real runs (~1 h on 2 cores)
-    .venv/bin/python benchmarks/bench_cpu_hardware.py campaigns    # 4 planners x 3 seeds, replayed (~15 min)
+    .venv/bin/python benchmarks/bench_cpu_hardware.py campaigns    # 4 planners x 3 seeds, replayed (~1 min)
     .venv/bin/python benchmarks/bench_cpu_hardware.py report       # the tables again, from the saved files
 
 1. sweep: every layout of benchmarks/cpu/llama3_debug_search.toml's lever space (DP shard or
    replicate, TP 2, PP 2 under three schedules, local batch, recomputation, compile: 88 layouts) is
    a real torchtitan run on cpu:2 (2 warm-up + 4 measured steps). One JSON line per layout goes to
-   sweep.jsonl as soon as it is measured, so a stopped sweep resumes where it was. The best layout
+   sweep.jsonl as soon as it is measured, so a stopped sweep resumes where it was. The sweep of
+   2026-12-06 is shipped (benchmarks/cpu/sweep-cpu2-2026-12-06.jsonl): `campaigns` replays it. The best layout
    that fits the recipe's memory limit is the measured oracle.
 2. campaigns: `attune`, `random`, `bayes-warm` and `estimator-topk` each run a whole campaign (the
    real campaign flow, protocol and gate) 3 times, on the `measured` stack, which replays the sweep's
@@ -40,6 +41,8 @@ from attune.space import iter_layouts, recipe_at  # noqa: E402
 from attune.stacks.measured import MeasuredTable, layout_key  # noqa: E402
 
 RECIPE = REPO / "benchmarks" / "cpu" / "llama3_debug_search.toml"
+# The sweep measured on this machine (2 cores, 2026-12-06), shipped so the campaigns replay without it
+TABLE = REPO / "benchmarks" / "cpu" / "sweep-cpu2-2026-12-06.jsonl"
 OUT = REPO / ".attune" / "bench-cpu-hardware"
 PLANNERS = ("attune", "random", "bayes-warm", "estimator-topk")
 WARMUP, MEASURED = 2, 4
@@ -84,12 +87,13 @@ def _short(levers: dict) -> str:
                     if key in levers and (short != "sched" or pp))
 
 
-def campaigns(out: Path, budget: float, seeds: int, planners: tuple[str, ...]) -> None:
+def campaigns(out: Path, budget: float, seeds: int, planners: tuple[str, ...], recipe_path: Path = RECIPE,
+              table: Path = TABLE) -> None:
     from attune.campaign.context import CampaignSettings
     from flows.campaign import tune_campaign
     os.environ["ATTUNE_HOME"] = str(out / "home")
-    os.environ["ATTUNE_MEASURED_TABLE"] = str(out / "sweep.jsonl")
-    rows_path = out / f"campaigns-{budget:g}.jsonl"
+    os.environ["ATTUNE_MEASURED_TABLE"] = str(table)
+    rows_path = _rows_path(out, budget, recipe_path)
     done = {(r["planner"], r["seed"]) for r in _jsonl(rows_path)}
     for planner in planners:
         for seed in range(seeds):
@@ -97,8 +101,8 @@ def campaigns(out: Path, budget: float, seeds: int, planners: tuple[str, ...]) -
                 continue
             started = time.monotonic()
             settings = CampaignSettings(stack="measured", planner=planner, seed=seed, budget_gpu_hours=budget,
-                                        stack_options={"table": str(out / "sweep.jsonl")})
-            result = tune_campaign(str(RECIPE), settings, quiet=True)
+                                        stack_options={"table": str(table)})
+            result = tune_campaign(str(recipe_path), settings, quiet=True)
             row = _row(planner, seed, budget, result, time.monotonic() - started)
             with rows_path.open("a") as fh:
                 fh.write(json.dumps(row) + "\n")
@@ -115,13 +119,18 @@ def _row(planner: str, seed: int, budget: float, result, seconds: float) -> dict
             "stop_reason": data["stop_reason"], "protocol": data["protocol"]["why"], "seconds": seconds}
 
 
+def _rows_path(out: Path, budget: float, recipe_path: Path) -> Path:
+    suffix = "" if recipe_path == RECIPE else f"-{recipe_path.stem}"
+    return out / f"campaigns-{budget:g}{suffix}.jsonl"
+
+
 def _jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
 
 
-def report(out: Path, budget: float) -> None:
-    recipe = load_recipe(RECIPE)
-    table = MeasuredTable(out / "sweep.jsonl")
+def report(out: Path, budget: float, recipe_path: Path = RECIPE, table_path: Path = TABLE) -> None:
+    recipe = load_recipe(recipe_path)
+    table = MeasuredTable(table_path)
     limit = recipe.cluster.memory_gib
     fits = {k: r for k, r in table.records.items() if table.fits(r, limit)}
     ok = {k: r for k, r in fits.items() if r["status"] == "ok" and table.tps(r)}
@@ -139,7 +148,7 @@ def report(out: Path, budget: float) -> None:
           f"(+{100 * (oracle_tps / base_tps - 1):.0f}%): {_short(oracle['levers'])}")
     _estimator_view(recipe, {k: table.tps(r) for k, r in ok.items()}, {k: r["levers"] for k, r in ok.items()},
                     oracle_key)
-    rows = _jsonl(out / f"campaigns-{budget:g}.jsonl")
+    rows = _jsonl(_rows_path(out, budget, recipe_path))
     if not rows:
         return
     print(f"\n| planner | seeds | mean share of the oracle | worst seed | mean gain over baseline | "
@@ -173,17 +182,22 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("step", choices=("sweep", "campaigns", "report"))
     p.add_argument("--out", default=str(OUT))
+    p.add_argument("--table", help=f"the measured runs to replay (default: {TABLE.relative_to(REPO)}; "
+                                   f"`sweep` writes OUT/sweep.jsonl and replays that)")
     p.add_argument("--budget", type=float, default=0.25, help="process-hours per campaign (default 0.25)")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--planners", default=",".join(PLANNERS))
+    p.add_argument("--recipe", default=str(RECIPE), help="the same space under other limits (default the sweep's "
+                                                        "recipe); e.g. benchmarks/cpu/llama3_debug_search_tight.toml")
     a = p.parse_args()
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    table = Path(a.table).resolve() if a.table else (out / "sweep.jsonl" if a.step == "sweep" else TABLE)
     if a.step == "sweep":
         sweep(out)
     elif a.step == "campaigns":
-        campaigns(out, a.budget, a.seeds, tuple(a.planners.split(",")))
-    report(out, a.budget)
+        campaigns(out, a.budget, a.seeds, tuple(a.planners.split(",")), Path(a.recipe).resolve(), table)
+    report(out, a.budget, Path(a.recipe).resolve(), table)
     return 0
 
 

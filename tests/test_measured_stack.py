@@ -66,3 +66,33 @@ def test_layout_keys_ignore_order_and_a_missing_table_is_one_line(monkeypatch):
         MeasuredStack()
     with pytest.raises(InputError, match="is not a file"):
         MeasuredStack(table="/nonexistent/sweep.jsonl")
+
+
+SWEEP = REPO / "benchmarks/cpu/sweep-cpu2-2026-12-06.jsonl"
+TIGHT = REPO / "benchmarks/cpu/llama3_debug_search_tight.toml"
+
+
+def test_the_shipped_sweep_covers_the_benchmark_space_and_the_estimator_fits_a_cpu():
+    from attune.sim.estimator import estimate
+    from attune.stacks.measured import MeasuredTable
+    table = MeasuredTable(SWEEP)
+    for path in (RECIPE, TIGHT):
+        recipe = load_recipe(path)
+        assert all(table.record(layout.levers()) for layout in iter_layouts(recipe))   # every layout measured
+        # a CPU process has no CUDA context: the public estimate of the baseline fits its 0.80-0.85 GiB
+        assert estimate(recipe).fits and estimate(recipe).peak_memory_gib < recipe.cluster.memory_gib
+
+
+def test_a_replayed_campaign_under_a_narrowed_space_stays_inside_it(cli):
+    """The tight recipe's [search] leaves out selective recomputation; the attune planner's memory
+    compensations proposed it anyway (a trial the table has no run of) before they read the space.
+    Run as a user would: `attune tune --stack measured` with the table in ATTUNE_MEASURED_TABLE."""
+    from attune.space import lever_domains
+    proc = cli("tune", TIGHT, "--stack", "measured", "--budget-gpu-hours", "0.25", "--json",
+               env_extra={"ATTUNE_MEASURED_TABLE": str(SWEEP)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout)
+    domains = lever_domains(load_recipe(TIGHT))
+    assert result["trials"] >= 3 and not result["simulated"] and result["stack"] == "measured"
+    assert all(result["best"]["levers"][k] in values for k, values in domains.items())
+    assert result["gpu_hours_used"] <= 0.25

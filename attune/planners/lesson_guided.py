@@ -290,7 +290,7 @@ class LessonGuidedPlanner:
         modes = []
         if AC_MODE not in move:
             modes = [m for m in (["selective", "full"] if fit else []) + (["none"] if safe else [])
-                     if m != incumbent.ac_mode]
+                     if m != incumbent.ac_mode and m in view.domains[AC_MODE]]   # the recipe's [search] holds
         batches = [v for v in sorted(view.domains[LOCAL_BATCH]) if v < incumbent.local_batch] \
             if fit and LOCAL_BATCH not in move else []
         out = [(move, "")]

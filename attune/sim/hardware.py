@@ -30,6 +30,7 @@ class Hardware:
     network_bps: float
     power_w: float
     tdp_w: float
+    runtime_gib: float | None = None   # a process's base memory where the part has no CUDA context
 
     @property
     def supports_float8(self) -> bool:
@@ -44,10 +45,11 @@ def hardware(cluster: ClusterSpec, power_w: float | None = None, hbm_gib: float 
     variant = params.variants.get(f"{cluster.accelerator}-{capacity:g}", {})
     power = float(power_w if power_w is not None else part.tdp_w)
     clock = min(1.0, (power / part.tdp_w) ** params.power_exponent)
+    runtime = params.runtime_gib.get(cluster.accelerator)
     return Hardware(accelerator=cluster.accelerator, gpus=cluster.gpus, gpus_per_node=cluster.node_size,
                     peak_bf16=part.peak_bf16_tflops * 1e12, peak_fp8=part.peak_fp8_tflops * 1e12, clock=clock,
                     gemm_scale=params.gemm_scale.get(cluster.accelerator, 1.0),
-                    hbm_gib=capacity - params.reserved_gib, capacity_gib=capacity,
+                    hbm_gib=capacity - (0.0 if runtime is not None else params.reserved_gib), capacity_gib=capacity,
                     hbm_bps=variant.get("hbm_tbps", part.hbm_tbps) * 1e12,
                     nvlink_bps=cluster.nvlink_gbps * 1e9, network_bps=cluster.network_gbps * 1e9,
-                    power_w=power, tdp_w=float(part.tdp_w))
+                    power_w=power, tdp_w=float(part.tdp_w), runtime_gib=runtime)

@@ -110,6 +110,7 @@ class HardwareParams(BaseModel):
 
     power_exponent: float
     reserved_gib: float
+    runtime_gib: dict[str, float] = {}    # parts without a CUDA driver: the process's own base memory
     gemm_scale: dict[str, float] = {}
     variants: dict[str, dict[str, float]] = {}
 

@@ -31,6 +31,8 @@ def evaluate(model: ModelSpec, hw: Hardware, la: LayoutArrays, stack: str = "tor
     """Columns: every time part (s/step), every memory part (GiB), step_s, tps, mfu, total_gib, fits."""
     eff = eff or stack_efficiency(stack)
     mem = mem or memory_params(stack)
+    if hw.runtime_gib is not None:   # no CUDA context to hold: the process's own base memory instead
+        mem = mem.model_copy(update={"fixed_gib": hw.runtime_gib})
     sh = shapes(model, la, eff.moe_imbalance)
     out = step_time(model, hw, la, sh, eff, fx)
     memory = peak_memory(model, la, sh, mem, eff, fx)

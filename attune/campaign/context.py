@@ -39,7 +39,8 @@ class CampaignSettings(BaseModel):
     budget_gpu_hours: float = Field(gt=0, allow_inf_nan=False, description="GPU-hours the campaign may charge, "
                                     "every trial and gate run included",
                                     json_schema_extra=_flag("--budget-gpu-hours", metavar="H"))
-    stack: str = Field("sim", description="sim | torchtitan (default sim: the simulated cluster)",
+    stack: str = Field("sim", description="sim | torchtitan | measured (default sim: the simulated cluster; measured: "
+                                   "real runs replayed from ATTUNE_MEASURED_TABLE)",
                        json_schema_extra=_flag("--stack"))
     planner: str = Field("attune", description="attune | random | bayes | bayes-warm | estimator-topk | "
                          "estimator-topk-naive | grid | llm", json_schema_extra=_flag("--planner"))

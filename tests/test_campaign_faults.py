@@ -72,7 +72,8 @@ def _assert_saved_and_resumable(tmp_path: Path, env: dict[str, str]) -> None:
 
 
 @pytest.mark.parametrize("sig, code, group", [
-    (signal.SIGINT, 130, True),     # Ctrl-C in a terminal: the whole foreground process group
+    # Ctrl-C in a terminal: the whole foreground process group (slow: make test keeps SIGTERM's case)
+    pytest.param(signal.SIGINT, 130, True, marks=pytest.mark.slow),
     (signal.SIGTERM, 143, False),   # a scheduler or `kill`: the process alone
 ])
 def test_a_signal_stops_the_campaign_within_seconds_with_its_state_saved(tmp_path, sig, code, group):

@@ -66,6 +66,7 @@ def test_campaign_end_to_end_with_prefect_and_mlflow(cli, tmp_path):
     assert probes >= len(result["gate_probes"]) and (probes > 0) == bool(result["gate_probes"])
 
 
+@pytest.mark.slow   # ~50 s; resuming is in make test through test_campaigns_cli's resume case
 def test_rerunning_a_finished_campaign_returns_it_without_spending(cli, tmp_path):
     args = ("tune", PUBLIC_8B, "--budget-gpu-hours", "20", "--json", "--quiet", *FAST_GATE)
     first = json.loads(cli(*args, check=True, timeout=900).stdout)

@@ -44,6 +44,7 @@ def _kill_and_resume(reference, at: int, mode: str) -> list[str]:
     return check_resumed(home, reference["result"], reference["home"])
 
 
+@pytest.mark.slow   # its fixture runs the ~40 s reference campaign that only the slow kill test needs
 def test_the_reference_campaign_covers_every_phase(reference):
     result = reference["result"]
     assert result["shipped"] and result["gate"]["passed"], result["stop_reason"]

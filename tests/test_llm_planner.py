@@ -120,6 +120,7 @@ def test_http_500_and_timeout_fall_back(llm_server, write_recipe):
     assert proposal is not None and planner.usage["fallback_turns"] == 1 and planner.usage["refused"] == 2
 
 
+@pytest.mark.slow   # ~50 s; the planner's turns, fallbacks and refusals are fast tests above
 def test_planner_llm_completes_a_sim_campaign(llm_server, cli, write_recipe, tmp_path):
     url, log = llm_server([_move("compile.enable", True), {"content": "garbage"}, {"status": 500},
                            _move("training.local_batch_size", 1)])

@@ -44,7 +44,7 @@ def _per_token_layer(model: ModelSpec, p: MemoryParams, imbalance: np.ndarray) -
     return dense, moe
 
 
-def _first_chunk_relief(model: ModelSpec, la: LayoutArrays, sh: Shapes, p: MemoryParams) -> np.ndarray:
+def _first_chunk_relief(model: ModelSpec, la: LayoutArrays, sh: Shapes, pipeline_slots: int = 2) -> np.ndarray:
     """Layer-micro-batches the first stage does NOT hold when the pipeline split counts the embedding
     as a layer (Megatron's account_for_embedding/loss_in_pipeline_split, which Megatron-Bridge sets
     for its large MoE recipes, where L + 2 divides into the pipeline's chunks). The split gives each
@@ -57,7 +57,7 @@ def _first_chunk_relief(model: ModelSpec, la: LayoutArrays, sh: Shapes, p: Memor
     interleaved = INTERLEAVED_CODES[la.sched] & (sh.v > 1)
     on_first_chunk = np.where(la.sched == GPIPE, sh.m,
                               np.minimum(sh.m, np.where(interleaved, 2.0 * sh.pp - 1.0, sh.pp)))
-    slots = model.n_layers + p.pipeline_slots
+    slots = model.n_layers + pipeline_slots
     splits = np.mod(slots, sh.pp * sh.v) == 0   # Megatron refuses the flags otherwise
     first_stage = slots / sh.pp - 1.0
     return np.where(sh.piped & splits, (sh.layers - first_stage) * on_first_chunk, 0.0)
@@ -81,7 +81,7 @@ def peak_memory(model: ModelSpec, la: LayoutArrays, sh: Shapes, p: MemoryParams,
     inflight_last = np.where(sh.piped & (la.sched == GPIPE), sh.m, 1.0)
     saved = L * M * layer_bytes * keep * scale
     if p.embedding_in_pipeline_split:
-        saved_first = saved * inflight_first - _first_chunk_relief(model, la, sh, p) * M * layer_bytes * keep * scale
+        saved_first = saved * inflight_first - _first_chunk_relief(model, la, sh, p.pipeline_slots) * M * layer_bytes * keep * scale
     else:
         saved_first = saved * inflight_first
     working = M * layer_bytes * scale                       # one layer in backward / being recomputed

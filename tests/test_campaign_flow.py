@@ -74,12 +74,26 @@ def test_rerunning_a_finished_campaign_returns_it_without_spending(cli, tmp_path
     assert again["gpu_hours_used"] == first["gpu_hours_used"] and again["trials"] == first["trials"]
 
 
+def _servers_of(prefect_home) -> list[int]:
+    """Pids of `prefect server` processes started with this PREFECT_HOME."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            cmdline = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
+            environ = open(f"/proc/{entry}/environ", "rb").read().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if b"server" in cmdline and f"PREFECT_HOME={prefect_home}".encode() in environ:
+            pids.append(int(entry))
+    return pids
+
+
 def test_kill_mid_campaign_then_resume_never_charges_twice(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO), ATTUNE_HOME=str(tmp_path / ".attune"),
                PREFECT_HOME=str(tmp_path / ".prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false")
     cmd = [sys.executable, "-m", "attune.cli.main", "tune", str(PUBLIC_8B), "--budget-gpu-hours", "60",
            "--json", "--quiet", "--replicates", "2", *FAST_GATE]
-    # its own process group: killing it kills the temporary Prefect server it started, too
+    # its own process group (the private Prefect server it starts has a session of its own)
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
     deadline = time.monotonic() + 120
@@ -97,6 +111,11 @@ def test_kill_mid_campaign_then_resume_never_charges_twice(tmp_path):
     assert proc.poll() is None, "campaign finished before it could be killed"
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    # the private Prefect server it started (a session of its own) ends with it, not orphaned
+    deadline = time.monotonic() + 20
+    while _servers_of(tmp_path / ".prefect") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _servers_of(tmp_path / ".prefect"), "the killed command's Prefect server is still running"
     before = CampaignState.load(_state_files(tmp_path / ".attune")[0])
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr

@@ -6,13 +6,17 @@ signals the whole group, the API dies first, and the campaign, which would stop 
 minutes retrying calls to it (seen: 67 "EventsWorker failed" errors and a traceback after 5 min).
 This starts the same API (`prefect server start`, on Prefect's database under PREFECT_HOME) in a
 session of its own, points the command at it, and stops it by its process group on the way out.
+A command killed outright (SIGKILL, the OOM killer) has no way out: on Linux the server is told to
+end with it (the parent-death signal), so no orphaned server keeps running.
 With PREFECT_API_URL set, the configured server is used and nothing is started.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -23,6 +27,14 @@ from collections.abc import Iterator
 
 from attune.errors import InputError
 from attune.interrupt import end_process_group
+
+PR_SET_PDEATHSIG = 1   # linux/prctl.h
+
+
+def _end_with_parent() -> None:
+    """In the server's process before exec: SIGTERM when the command that started it dies."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
 
 START_TIMEOUT_S = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS") or 120)
 
@@ -58,7 +70,8 @@ def private_prefect_api() -> Iterator[str | None]:
         with tempfile.TemporaryFile("w+") as log:
             proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
                                      "--port", str(port), "--no-ui"], stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, env=server_env, start_new_session=True)
+                                    stdin=subprocess.DEVNULL, env=server_env, start_new_session=True,
+                                    preexec_fn=_end_with_parent if sys.platform == "linux" else None)
             try:
                 deadline = time.monotonic() + START_TIMEOUT_S
                 while not _healthy(api_url):

@@ -92,7 +92,6 @@ def campaigns(out: Path, budget: float, seeds: int, planners: tuple[str, ...], r
     from attune.campaign.context import CampaignSettings
     from flows.campaign import tune_campaign
     os.environ["ATTUNE_HOME"] = str(out / "home")
-    os.environ["ATTUNE_MEASURED_TABLE"] = str(table)
     rows_path = _rows_path(out, budget, recipe_path)
     done = {(r["planner"], r["seed"]) for r in _jsonl(rows_path)}
     for planner in planners:

@@ -289,7 +289,7 @@ def coarse_grid(view: PlannerView) -> list[dict[str, Scalar]]:
             LOCAL_BATCH: sorted({min(d[LOCAL_BATCH]), max(d[LOCAL_BATCH])}), PP_SCHEDULE: ["1F1B"],
             PP_MICROBATCH: [1], AC_MODE: ["selective", "full"], COMPILE: [True], FLOAT8: ["none"]}
     # a recipe's [search] may leave out the grid's fixed picks: keep what the space has, else its first value
-    axes = {k: [v for v in values if v in d.get(k, values)] or d[k][:1] for k, values in axes.items()}
+    axes = {k: [v for v in values if v in d[k]] or d[k][:1] for k, values in axes.items()}
     out = []
     for values in itertools.product(*axes.values()):
         layout = _resolve(view.recipe, dict(zip(axes, values)))

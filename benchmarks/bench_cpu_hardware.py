@@ -26,8 +26,10 @@ its predicted against measured throughput).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shutil
 import statistics
 import sys
 import time
@@ -40,7 +42,9 @@ from attune.recipe import load_recipe  # noqa: E402
 from attune.space import iter_layouts, recipe_at  # noqa: E402
 from attune.stacks.measured import MeasuredTable, layout_key  # noqa: E402
 
-RECIPE = REPO / "benchmarks" / "cpu" / "llama3_debug_search.toml"
+CPU_DIR = REPO / "benchmarks" / "cpu"
+WORLDS = CPU_DIR / "worlds.toml"
+RECIPE = CPU_DIR / "llama3_debug_search.toml"
 # The sweep measured on this machine (2 cores, 2026-12-06), shipped so the campaigns replay without it
 TABLE = REPO / "benchmarks" / "cpu" / "sweep-cpu2-2026-12-06.jsonl"
 OUT = REPO / ".attune" / "bench-cpu-hardware"
@@ -49,32 +53,50 @@ WARMUP, MEASURED = 2, 4
 SWEEP_MEMORY_GIB = 8.0   # the sweep records each layout's true peak; the replay applies the recipe's limit
 
 
-def sweep(out: Path) -> None:
+def load_worlds() -> dict[str, dict]:
+    """benchmarks/cpu/worlds.toml: name -> recipe path, table path, frozen, note."""
+    import tomllib
+    raw = tomllib.loads(WORLDS.read_text())["worlds"]
+    return {name: {"name": name, "recipe": CPU_DIR / w["recipe"], "table": CPU_DIR / w["table"],
+                   "frozen": bool(w.get("frozen", False)), "note": w.get("note", "")} for name, w in raw.items()}
+
+
+def sweep(out: Path, recipe_path: Path = RECIPE, runs: int = 1, table_path: Path | None = None) -> Path:
+    """Every layout of the recipe's space run `runs` times, in passes (every layout once, then every
+    layout again), so that what changes on the machine over the sweep shows as run-to-run spread
+    rather than as a difference between layouts. Appends to the table as it goes: a stopped sweep
+    resumes where it was."""
     from attune.stacks.torchtitan.stack import TorchtitanStack
-    recipe = load_recipe(RECIPE)
+    recipe = load_recipe(recipe_path)
     roomy = recipe.on_cluster(recipe.cluster.model_copy(update={"hbm_gib": SWEEP_MEMORY_GIB}))
-    table_path = out / "sweep.jsonl"
-    done = {layout_key(r["levers"]) for r in MeasuredTable.read(table_path)} if table_path.is_file() else set()
+    table_path = table_path or out / "sweep.jsonl"
+    done = ({(layout_key(r["levers"]), int(r.get("run", 0))) for r in MeasuredTable.read(table_path)}
+            if table_path.is_file() else set())
     layouts = list(iter_layouts(recipe))
     stack = TorchtitanStack(warmup_steps=WARMUP)
     started = time.monotonic()
-    for i, layout in enumerate(layouts, 1):
-        levers = layout.levers()
-        if layout_key(levers) in done:
-            continue
-        workdir = out / "runs" / f"layout-{i:03d}"
-        result = stack.run_trial(recipe_at(roomy, levers), steps=MEASURED, seed=0, workdir=workdir)
-        timed = [s for s in result.steps if s.step > WARMUP and s.tps]
-        record = {"levers": levers, "status": result.status.value, "wall_time_s": result.wall_time_s,
-                  "tokens_per_sec_per_gpu": result.tokens_per_sec_per_gpu, "peak_memory_gib": result.peak_memory_gib,
-                  "step_tps": [s.tps for s in timed], "losses": [s.loss for s in result.steps],
-                  "steps_logged": len(result.steps), "warmup_steps": WARMUP, "message": result.message[-300:]}
-        with table_path.open("a") as fh:
-            fh.write(json.dumps(record) + "\n")
-        elapsed = time.monotonic() - started
-        print(f"[{i}/{len(layouts)}] {_short(levers)}: {result.status.value} "
-              f"{result.tokens_per_sec_per_gpu or 0:.0f} tok/s/proc, peak {result.peak_memory_gib or 0:.2f} GiB, "
-              f"{result.wall_time_s:.0f} s  ({elapsed / 60:.0f} min so far)", flush=True)
+    for run in range(runs):
+        for i, layout in enumerate(layouts, 1):
+            levers = layout.levers()
+            if (layout_key(levers), run) in done:
+                continue
+            workdir = out / "runs" / f"run{run}-layout-{i:03d}"
+            result = stack.run_trial(recipe_at(roomy, levers), steps=MEASURED, seed=run, workdir=workdir)
+            timed = [s for s in result.steps if s.step > WARMUP and s.tps]
+            record = {"levers": levers, "run": run, "status": result.status.value, "wall_time_s": result.wall_time_s,
+                      "tokens_per_sec_per_gpu": result.tokens_per_sec_per_gpu,
+                      "peak_memory_gib": result.peak_memory_gib, "step_tps": [s.tps for s in timed],
+                      "losses": [s.loss for s in result.steps], "steps_logged": len(result.steps),
+                      "warmup_steps": WARMUP, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                      "message": result.message[-300:]}
+            with table_path.open("a") as fh:
+                fh.write(json.dumps(record) + "\n")
+            shutil.rmtree(workdir, ignore_errors=True)   # the record holds what a replay needs
+            elapsed = time.monotonic() - started
+            print(f"[run {run + 1}/{runs}, {i}/{len(layouts)}] {_short(levers)}: {result.status.value} "
+                  f"{result.tokens_per_sec_per_gpu or 0:.0f} tok/s/proc, peak {result.peak_memory_gib or 0:.2f} GiB, "
+                  f"{result.wall_time_s:.0f} s  ({elapsed / 60:.0f} min so far)", flush=True)
+    return table_path
 
 
 def _short(levers: dict) -> str:
@@ -87,27 +109,31 @@ def _short(levers: dict) -> str:
                     if key in levers and (short != "sched" or pp))
 
 
-def campaigns(out: Path, budget: float, seeds: int, planners: tuple[str, ...], recipe_path: Path = RECIPE,
-              table: Path = TABLE) -> None:
+def campaigns(out: Path, world: dict, budget: float, seeds: int, planners: tuple[str, ...], say=print) -> Path:
+    """Every planner x seed campaign on one world, replayed on its table, afresh (the rows of an
+    earlier run and its campaigns are replaced: a campaign of the same identity would resume)."""
     from attune.campaign.context import CampaignSettings
     from flows.campaign import tune_campaign
-    os.environ["ATTUNE_HOME"] = str(out / "home")
-    rows_path = _rows_path(out, budget, recipe_path)
-    done = {(r["planner"], r["seed"]) for r in _jsonl(rows_path)}
+    folder = out / world["name"]
+    shutil.rmtree(folder / "home", ignore_errors=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    os.environ["ATTUNE_HOME"] = str(folder / "home")
+    rows_path = folder / f"campaigns-{budget:g}.jsonl"
+    rows_path.unlink(missing_ok=True)
     for planner in planners:
         for seed in range(seeds):
-            if (planner, seed) in done:
-                continue
             started = time.monotonic()
             settings = CampaignSettings(stack="measured", planner=planner, seed=seed, budget_gpu_hours=budget,
-                                        stack_options={"table": str(table)})
-            result = tune_campaign(str(recipe_path), settings, quiet=True)
+                                        stack_options={"table": str(world["table"])})
+            result = tune_campaign(str(world["recipe"]), settings, quiet=True)
             row = _row(planner, seed, budget, result, time.monotonic() - started)
             with rows_path.open("a") as fh:
                 fh.write(json.dumps(row) + "\n")
-            print(f"{planner} seed {seed}: {'shipped ' + _short(row['levers']) if row['shipped'] else 'kept the baseline'} "
-                  f"(measured {100 * row['measured_gain']:+.0f}%), {row['used']:.3f} of {budget:g} process-hours, "
-                  f"{row['trials']} runs, {row['seconds']:.0f} s", flush=True)
+            say(f"{world['name']}: {planner} seed {seed}: "
+                f"{'shipped ' + _short(row['levers']) if row['shipped'] else 'kept the baseline'} "
+                f"(measured {100 * row['measured_gain']:+.0f}%), {row['used']:.3f} of {budget:g} process-hours, "
+                f"{row['trials']} runs, {row['seconds']:.0f} s")
+    return rows_path
 
 
 def _row(planner: str, seed: int, budget: float, result, seconds: float) -> dict:
@@ -118,85 +144,123 @@ def _row(planner: str, seed: int, budget: float, result, seconds: float) -> dict
             "stop_reason": data["stop_reason"], "protocol": data["protocol"]["why"], "seconds": seconds}
 
 
-def _rows_path(out: Path, budget: float, recipe_path: Path) -> Path:
-    suffix = "" if recipe_path == RECIPE else f"-{recipe_path.stem}"
-    return out / f"campaigns-{budget:g}{suffix}.jsonl"
-
-
 def _jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
 
 
-def report(out: Path, budget: float, recipe_path: Path = RECIPE, table_path: Path = TABLE) -> None:
-    recipe = load_recipe(recipe_path)
-    table = MeasuredTable(table_path)
+def oracle(world: dict) -> dict:
+    """The world's measured oracle: the best layout that fits the recipe's memory limit, every run ok."""
+    recipe = load_recipe(world["recipe"])
+    table = MeasuredTable(world["table"])
     limit = recipe.cluster.memory_gib
-    fits = {k: r for k, r in table.records.items() if table.fits(r, limit)}
-    ok = {k: r for k, r in fits.items() if r["status"] == "ok" and table.tps(r)}
-    oracle_key = max(ok, key=lambda k: table.tps(ok[k]))
-    oracle = ok[oracle_key]
-    oracle_tps = table.tps(oracle)
-    base_tps = table.tps(table.record(recipe.layout().levers()))
-    statuses = [r["status"] if table.fits(r, limit) else "oom" for r in table.records.values()]
-    print(f"## CPU hardware benchmark (measured on this machine: {os.cpu_count()} cores, torchtitan 0.3 debug model, cpu:2)\n")
-    print(f"- sweep: {len(table.records)} layouts, {sum(s == 'ok' for s in statuses)} ran, "
-          f"{statuses.count('oom')} over the {limit:g} GiB per-process limit, "
-          f"{len(statuses) - statuses.count('ok') - statuses.count('oom')} failed otherwise; "
-          f"{sum(r['wall_time_s'] for r in table.records.values()) / 60:.0f} min of runs")
-    print(f"- baseline {base_tps:.0f} tok/s/proc; measured oracle {oracle_tps:.0f} "
-          f"(+{100 * (oracle_tps / base_tps - 1):.0f}%): {_short(oracle['levers'])}")
-    _estimator_view(recipe, {k: table.tps(r) for k, r in ok.items()}, {k: r["levers"] for k, r in ok.items()},
-                    oracle_key)
-    rows = _jsonl(_rows_path(out, budget, recipe_path))
-    if not rows:
-        return
-    print(f"\n| planner | seeds | mean share of the oracle | worst seed | mean gain over baseline | "
-          f"process-hours used (of {budget:g}) | false gains |")
-    print("|---|---|---|---|---|---|---|")
+    layouts = [layout.levers() for layout in iter_layouts(recipe)]
+    tps = {layout_key(lv): table.layout_tps(lv) for lv in layouts}
+    ok = {layout_key(lv): lv for lv in layouts if tps[layout_key(lv)] and table.fits(lv, limit)}
+    best = max(ok, key=lambda k: tps[k])
+    base = table.layout_tps(recipe.layout().levers())
+    failed = sum(1 for lv in layouts if tps[layout_key(lv)] is None)
+    over = sum(1 for lv in layouts if tps[layout_key(lv)] and not table.fits(lv, limit))
+    return {"recipe": recipe, "table": table, "layouts": layouts, "tps": tps, "ok": ok, "best": ok[best],
+            "oracle_tps": tps[best], "baseline_tps": base, "oracle_gain": tps[best] / base - 1, "failed": failed,
+            "over_limit": over, "runs": sum(len(v) for v in table.records.values()),
+            "minutes": sum(r["wall_time_s"] for v in table.records.values() for r in v) / 60,
+            "run_to_run_sd": table.run_to_run_sd()}
+
+
+def score(world: dict, rows: list[dict]) -> dict:
+    """Per planner: mean and worst share of the measured oracle, mean gain, process-hours used, and
+    false gains (a shipped layout slower, as measured, than the baseline)."""
+    o = oracle(world)
+    planners = {}
     for planner in dict.fromkeys(r["planner"] for r in rows):
         mine = [r for r in rows if r["planner"] == planner]
-        tps = [table.tps(table.record(r["levers"])) if r["levers"] else base_tps for r in mine]
-        shares = [t / oracle_tps for t in tps]
-        false = sum(t < base_tps for t in tps)
-        print(f"| {planner} | {len(mine)} | {100 * statistics.mean(shares):.1f}% | {100 * min(shares):.1f}% | "
-              f"{100 * (statistics.mean(tps) / base_tps - 1):+.1f}% | {statistics.mean(r['used'] for r in mine):.3f} | "
-              f"{false} |")
+        tps = [o["table"].layout_tps(r["levers"]) if r["levers"] else o["baseline_tps"] for r in mine]
+        shares = [t / o["oracle_tps"] for t in tps]
+        planners[planner] = {"seeds": len(mine), "share_mean": statistics.mean(shares), "share_worst": min(shares),
+                             "gain_mean": statistics.mean(tps) / o["baseline_tps"] - 1,
+                             "used_mean": statistics.mean(r["used"] for r in mine),
+                             "false_gains": sum(t < o["baseline_tps"] for t in tps)}
+    return {"name": world["name"], "frozen": world["frozen"], "oracle_gain": o["oracle_gain"],
+            "budget": rows[0]["budget"] if rows else None, "planners": planners}
 
 
-def _estimator_view(recipe, measured: dict, levers: dict, oracle_key: str) -> None:
+def report(out: Path, world: dict, budget: float) -> dict:
+    """The world's tables (markdown on stdout) and its scores."""
+    o = oracle(world)
+    print(f"## {world['name']}{' (frozen until the planner was done)' if world['frozen'] else ''}: {world['note']}\n")
+    print(f"- sweep: {len(o['layouts'])} layouts, {o['runs']} runs ({o['minutes']:.0f} min), "
+          f"{len(o['ok'])} ran within the {o['recipe'].cluster.memory_gib:g} GiB per-process limit, "
+          f"{o['over_limit']} above it, {o['failed']} failed; run-to-run spread {o['run_to_run_sd']:.1%}")
+    print(f"- baseline {o['baseline_tps']:.0f} tok/s/proc; measured oracle {o['oracle_tps']:.0f} "
+          f"({o['oracle_gain']:+.0%}): {_short(o['best'])}")
+    _estimator_view(o)
+    rows = _jsonl(out / world["name"] / f"campaigns-{budget:g}.jsonl")
+    scored = score(world, rows)
+    if rows:
+        print(f"\n| planner | seeds | mean share of the oracle | worst seed | mean gain over baseline | "
+              f"process-hours used (of {budget:g}) | false gains |")
+        print("|---|---|---|---|---|---|---|")
+        for planner, p in scored["planners"].items():
+            print(f"| {planner} | {p['seeds']} | {p['share_mean']:.1%} | {p['share_worst']:.1%} | "
+                  f"{p['gain_mean']:+.1%} | {p['used_mean']:.3f} | {p['false_gains']} |")
+    print()
+    return scored
+
+
+def _estimator_view(o: dict) -> None:
     """Where the public estimator (what planners consult before measuring) is wrong about a CPU."""
     from scipy.stats import spearmanr
 
     from attune.sim.estimator import estimate
-    predicted = {k: estimate(recipe_at(recipe, levers[k])).tokens_per_sec_per_gpu for k in measured}
-    keys = list(measured)
-    rho = spearmanr([predicted[k] for k in keys], [measured[k] for k in keys]).statistic
+    keys = list(o["ok"])
+    predicted = {k: estimate(recipe_at(o["recipe"], o["ok"][k])).tokens_per_sec_per_gpu for k in keys}
+    rho = spearmanr([predicted[k] for k in keys], [o["tps"][k] for k in keys]).statistic
     ranked = sorted(keys, key=lambda k: -predicted[k])
+    best = layout_key(o["best"])
     print(f"- public estimator: rank correlation with measured throughput {rho:+.2f}; it ranks the measured "
-          f"oracle #{ranked.index(oracle_key) + 1} of {len(keys)}; its own top pick measures "
-          f"{measured[ranked[0]]:.0f} tok/s/proc ({_short(levers[ranked[0]])})")
+          f"oracle #{ranked.index(best) + 1} of {len(keys)}; its own top pick measures "
+          f"{o['tps'][ranked[0]]:.0f} tok/s/proc ({_short(o['ok'][ranked[0]])})")
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("step", choices=("sweep", "campaigns", "report"))
     p.add_argument("--out", default=str(OUT))
-    p.add_argument("--table", help=f"the measured runs to replay (default: {TABLE.relative_to(REPO)}; "
-                                   f"`sweep` writes OUT/sweep.jsonl and replays that)")
+    p.add_argument("--worlds", help="comma-separated worlds of benchmarks/cpu/worlds.toml (default: every one not "
+                                    "frozen; a frozen world only when named)")
+    p.add_argument("--world", help="sweep: the world to measure (its recipe; its table under benchmarks/cpu/ is "
+                                   "appended to)")
+    p.add_argument("--runs", type=int, default=2, help="sweep: runs per layout, in passes (default 2)")
     p.add_argument("--budget", type=float, default=0.25, help="process-hours per campaign (default 0.25)")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--planners", default=",".join(PLANNERS))
-    p.add_argument("--recipe", default=str(RECIPE), help="the same space under other limits (default the sweep's "
-                                                        "recipe); e.g. benchmarks/cpu/llama3_debug_search_tight.toml")
+    p.add_argument("--json", action="store_true", help="campaigns, report: the scores as JSON on stdout "
+                                                        "(the tables and progress go to stderr)")
     a = p.parse_args()
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    table = Path(a.table).resolve() if a.table else (out / "sweep.jsonl" if a.step == "sweep" else TABLE)
+    worlds = load_worlds()
     if a.step == "sweep":
-        sweep(out)
-    elif a.step == "campaigns":
-        campaigns(out, a.budget, a.seeds, tuple(a.planners.split(",")), Path(a.recipe).resolve(), table)
-    report(out, a.budget, Path(a.recipe).resolve(), table)
+        if not a.world or a.world not in worlds:
+            p.error(f"sweep needs --world, one of {', '.join(worlds)}")
+        sweep(out / a.world, worlds[a.world]["recipe"], a.runs, worlds[a.world]["table"])
+        return 0
+    names = a.worlds.split(",") if a.worlds else [n for n, w in worlds.items() if not w["frozen"]]
+    unknown = [n for n in names if n not in worlds]
+    if unknown:
+        p.error(f"unknown world(s) {', '.join(unknown)}; worlds: {', '.join(worlds)}")
+    say = (lambda text: print(text, file=sys.stderr, flush=True)) if a.json else print
+    scores = []
+    for name in names:
+        if a.step == "campaigns":
+            campaigns(out, worlds[name], a.budget, a.seeds, tuple(a.planners.split(",")), say)
+        if a.json:
+            with contextlib.redirect_stdout(sys.stderr):
+                scores.append(report(out, worlds[name], a.budget))
+        else:
+            scores.append(report(out, worlds[name], a.budget))
+    if a.json:
+        print(json.dumps({"worlds": scores}, indent=1))
     return 0
 
 

@@ -55,7 +55,10 @@ def _measure(c: Campaign, tracker: Tracker, role: str, levers: dict[str, Any], p
     try:
         record = run_trial.with_options(tags=_pool_tags(c))(quote(c), role, levers, reserve, quote(proposal))
     except BudgetExhausted as spent:
-        c.state.stop_reason = str(spent)
+        if role == "confirm":   # the search stopped for its own reason: that stays the reason a user reads
+            c.state.skipped.append(f"confirmation: {spent}")
+        else:
+            c.state.stop_reason = c.state.stop_reason or str(spent)
         return None
     record.mlflow_run_id = tracker.log_trial(c.state.mlflow_run_id, record, dump_recipe(c.trial_recipe(levers, role)),
                                              _tags(c), extra_artifacts=_llm_artifacts(proposal))

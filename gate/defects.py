@@ -105,10 +105,11 @@ def _holds(recipe: Recipe, condition: str) -> bool:
         return False
 
 
-def match(recipe: Recipe) -> list[DefectHit]:
-    """The catalog entries that apply to `recipe`'s stack and config."""
+def in_range(recipe: Recipe) -> list[tuple[Defect, list[str], list[str]]]:
+    """The catalog entries whose version ranges hold for `recipe`'s stack, whatever its config: each
+    with the versions that matched and those the stack does not carry (unverified)."""
     stack = stack_versions(recipe)
-    hits = []
+    out = []
     for defect in catalog():
         if defect.component not in stack:
             continue
@@ -127,7 +128,21 @@ def match(recipe: Recipe) -> list[DefectHit]:
                 applies = False
                 break
             matched.append(f"{pkg} {stack[pkg]} in {spec}")
-        if not applies or not all(_holds(recipe, c) for c in defect.when):
+        if applies:
+            out.append((defect, matched, unverified))
+    return out
+
+
+def parse_condition(condition: str) -> tuple[str, str, Any]:
+    """A `when` condition as (key, operator, literal)."""
+    return _parse(condition)
+
+
+def match(recipe: Recipe) -> list[DefectHit]:
+    """The catalog entries that apply to `recipe`'s stack and config."""
+    hits = []
+    for defect, matched, unverified in in_range(recipe):
+        if not all(_holds(recipe, c) for c in defect.when):
             continue
         hits.append(DefectHit(id=defect.id, source=defect.source, component=defect.component,
                               symptom=defect.symptom, matched=matched + list(defect.when),

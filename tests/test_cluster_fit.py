@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from attune.planners.base import Observation
-from attune.planners.cluster_fit import DOUBT_PRIOR, ClusterFit, ClusterModel
+from attune.planners.cluster_fit import ClusterFit
 from attune.recipe import load_recipe
 from attune.sim.estimator import estimate_many
 from attune.sim.ground_truth import hidden_effects, measure_many
@@ -95,22 +95,3 @@ def test_an_out_of_memory_trial_teaches_memory():
     assert not fit.predict(recipe, layout).fits
 
 
-def test_doubt_counts_only_out_of_sample_misses_and_starts_from_a_prior():
-    recipe = load_recipe(BENCH / "deepseek_v3_16b_h100x64.toml")
-    base = recipe.layout()
-    tps = float(estimate_many(recipe, [base])["tps"][0])
-
-    def run(levers, measured):
-        return Observation(levers=levers, result=TrialResult(status=TrialStatus.OK, stack="sim", levers=levers,
-                                                             gpus=64, wall_time_s=100, tokens_per_sec_per_gpu=measured))
-
-    model = ClusterModel(fitted=False)
-    model.update(recipe, [run(base.levers(), tps)] * 3)        # replicates of one layout: nothing predicted
-    assert model.misses == [] and model.doubt == pytest.approx(DOUBT_PRIOR)
-    from attune.space import config_for
-
-    other = base.levers() | {"training.local_batch_size": 2}
-    predicted = float(estimate_many(recipe, [recipe.with_config(config_for(recipe, other)).layout()])["tps"][0])
-    model.update(recipe, [run(base.levers(), tps)] * 3 + [run(other, predicted / 1.3)])
-    assert model.misses == [pytest.approx(0.3)]
-    assert DOUBT_PRIOR < model.doubt < 0.3

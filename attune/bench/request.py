@@ -94,7 +94,7 @@ def default_budget(gpus: int, share: float = 1.0) -> float:
 
 
 def _rules() -> tuple[str, ...]:
-    from attune.planners.lesson_guided import RULES
+    from attune.planners.attune_planner import RULES
     return RULES
 
 

@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from attune.campaign.budget import gpu_hours
+from attune.campaign.costs import MeasuredRun, TrialCosts
 from attune.campaign.state import CampaignState, Role
 from attune.errors import InputError
 from attune.levers import layout_key
@@ -55,6 +56,11 @@ class CampaignSettings(BaseModel):
                           "steps to the budget (default budget: the fixed protocol where the budget pays it with "
                           "room to search), or always --replicates baseline and --replicates - 1 confirmation runs",
                           json_schema_extra=_flag("--protocol"))
+    training_hours: float = Field(168.0, gt=0, allow_inf_nan=False,
+                                  description="hours the tuned recipe will train on its cluster (default 168, a "
+                                  "week): a trial is worth running while its expected gain over that training "
+                                  "saves more GPU-hours than it costs", json_schema_extra=_flag("--training-hours",
+                                                                                                metavar="H"))
     max_trials: int = Field(80, ge=1, le=100_000, description="search trials at most (default 80)",
                             json_schema_extra=_flag("--max-trials"))
     disabled_rules: tuple[str, ...] = Field((), description="switch a search rule of the attune planner off "
@@ -79,6 +85,16 @@ class CampaignSettings(BaseModel):
             raise ValueError(f"unknown stack {value!r}; choose from {', '.join(STACKS)}")
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _measured_table(cls, values: Any) -> Any:
+        """On the measured stack, the table replayed (resolved from ATTUNE_MEASURED_TABLE where no
+        option names it) and its digest are stack options, so they are part of the identity."""
+        if isinstance(values, dict) and values.get("stack") == "measured":
+            from attune.stacks.measured import table_options
+            values = dict(values) | {"stack_options": table_options(dict(values.get("stack_options") or {}))}
+        return values
+
     @field_validator("protocol")
     @classmethod
     def _known_protocol(cls, value: str) -> str:
@@ -97,7 +113,7 @@ class CampaignSettings(BaseModel):
     @field_validator("disabled_rules")
     @classmethod
     def _known_rules(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        from attune.planners.lesson_guided import RULES
+        from attune.planners.attune_planner import RULES
         unknown = sorted(set(value) - set(RULES))
         if unknown:
             raise ValueError(f"unknown rule(s) {', '.join(unknown)}; rules: {', '.join(RULES)}")
@@ -123,6 +139,7 @@ class CampaignSettings(BaseModel):
                 "steps": self.steps_per_trial, "replicates": self.replicates, "disabled": sorted(self.disabled_rules),
                 "stack_options": self.stack_options,
                 **({"protocol": self.protocol} if self.protocol != "budget" else {}),
+                **({"training_hours": self.training_hours} if self.training_hours != 168.0 else {}),
                 **({"gate_seed": self.gate_seed} if self.gate_seed is not None else {})}
 
 
@@ -142,6 +159,7 @@ class Campaign:
     gpu_pool: str | None = None             # tag of the trial tasks: gpu-pool:<name> (concurrency limits)
     lock: Any = None                        # the open lock file that keeps other processes out (engine)
     _costs: dict[tuple, float] = field(default_factory=dict, repr=False)
+    _trial_costs: TrialCosts | None = field(default=None, repr=False)
 
     @property
     def state_path(self) -> Path:
@@ -175,11 +193,29 @@ class Campaign:
         return max(min(MIN_STEPS, self.settings.steps_per_trial), min(self.settings.steps_per_trial, wanted))
 
     def estimated_cost(self, levers: dict[str, Any], role: Role = "trial") -> float:
-        """GPU-hours one run of these levers in this role is expected to cost (memoised: planners that
-        sample ask about the same layouts many times, and the estimate depends on the levers and steps alone)."""
+        """GPU-hours one run of these levers in this role is expected to cost: the stack's estimate
+        corrected by what this campaign's runs measured (attune.campaign.costs; memoised until the
+        next run: planners ask about the same layouts many times)."""
         steps = self.trial_steps(levers, role)
-        key = (layout_key(levers), steps)
+        costs = self.trial_costs()
+        key = (layout_key(levers), steps, len(costs.runs_seen))
         if key not in self._costs:
-            wall = self.stack.estimate_wall_time_s(self.trial_recipe(levers), steps)
-            self._costs[key] = gpu_hours(self.recipe.cluster.gpus, wall)
+            if len(self._costs) > 50_000:
+                self._costs.clear()
+            self._costs[key] = gpu_hours(self.recipe.cluster.gpus, costs.wall_time_s(self.trial_recipe(levers), steps))
         return self._costs[key]
+
+    def run_wall_time_s(self, recipe: Recipe, steps: int) -> float:
+        """Seconds a run of this recipe (the campaign's, moved to some layout) is expected to take."""
+        return self.trial_costs().wall_time_s(recipe, steps)
+
+    def trial_costs(self) -> TrialCosts:
+        """The cost model, having learned from every successful run in the state."""
+        if self._trial_costs is None:
+            self._trial_costs = TrialCosts(prior=self.stack.estimate_wall_time_s, recipe=self.recipe)
+        runs = [] if self.state is None else [
+            MeasuredRun(levers=t.levers, steps=(t.steps or self.trial_steps(t.levers, t.role)) if t.result.ok else 0,
+                        wall_time_s=t.result.wall_time_s, step_time_s=(t.result.step_time_s or 0.0) if t.result.ok else 0.0)
+            for t in self.state.trials if t.result.ok or t.result.status.value == "oom"]
+        self._trial_costs.learn(runs)
+        return self._trial_costs

@@ -62,10 +62,25 @@ def confirm_reserve(c: Campaign, levers: dict[str, Any]) -> float:
 
 
 def confirm_cost(c: Campaign, levers: dict[str, Any]) -> float:
-    """What one confirmation run of a measured layout will cost: the estimate, or its measured runs'
-    cost with a margin (screening runs measure fewer steps), whichever is larger."""
-    measured = [t.result.gpu_hours for t in c.state.measured(levers) if t.result.ok]
-    return max([c.estimated_cost(levers, "confirm")] + [proto.MEASURED_MARGIN * h for h in measured])
+    """What one confirmation run of a layout will cost at its full length: from what its screening
+    runs measured (their start-up, their step time at the confirmation's steps), else the estimate."""
+    return c.estimated_cost(levers, "confirm")
+
+
+def settle_cost(c: Campaign, levers: dict[str, Any]) -> float:
+    """GPU-hours a search trial of these levers adds if it wins: the confirmation runs and the gate
+    that would settle it, less what settling the incumbent would have cost (nothing while the
+    incumbent is the baseline, which needs neither)."""
+    p = protocol_of(c)
+    runs = p.max_confirm_runs if not p.fitted else min(1, p.max_confirm_runs)
+
+    def settling(layout: dict[str, Any]) -> float:
+        return runs * confirm_cost(c, layout) + gate_reserve(c, layout)
+
+    incumbent = c.state.incumbent_record
+    if incumbent is None or incumbent.role == "baseline":
+        return settling(levers)
+    return max(0.0, settling(levers) - settling(incumbent.levers))
 
 
 def choose_protocol(c: Campaign) -> proto.Protocol:
@@ -74,7 +89,7 @@ def choose_protocol(c: Campaign) -> proto.Protocol:
     baseline = c.recipe.layout().levers()
     full = c.full_steps(baseline)
     screen = min(full, proto.screen_steps(c.settings.steps_per_trial))
-    screen_cost = gpu_hours(c.recipe.cluster.gpus, c.stack.estimate_wall_time_s(c.trial_recipe(baseline), screen))
+    screen_cost = gpu_hours(c.recipe.cluster.gpus, c.run_wall_time_s(c.trial_recipe(baseline), screen))
     return proto.choose(c.settings.budget_gpu_hours, c.settings.replicates, c.settings.steps_per_trial,
                         c.estimated_cost(baseline, "confirm"), screen_cost, gate_reserve(c, baseline),
                         mode=c.settings.protocol)  # type: ignore[arg-type]
@@ -88,7 +103,7 @@ def open_campaign(recipe: Recipe, settings: CampaignSettings, home: Path | None 
                            **settings.planner_options)
     baseline_levers = recipe.layout().levers()
     probe = Campaign(recipe, settings, None, Path(), stack, planner)  # type: ignore[arg-type]
-    one_run = probe.estimated_cost(baseline_levers)
+    one_run = probe.estimated_cost(baseline_levers)   # the stack's prior: nothing is measured yet
     if one_run > settings.budget_gpu_hours:
         raise InputError("--budget-gpu-hours", f"{settings.budget_gpu_hours:g} GPU-hours is less than one baseline "
                                                f"run of this recipe (about {one_run:.2f} GPU-hours)")
@@ -196,7 +211,8 @@ def record_trial(c: Campaign, role: Role, levers: dict[str, Any], result: TrialR
     record = TrialRecord(index=len(c.state.trials), role=role, levers=levers, config=recipe.config, result=result,
                          diagnosis=symptoms, move=proposal.move if proposal else None, parent=parent,
                          lesson_id=proposal.lesson_id if proposal else None,
-                         rationale=proposal.rationale if proposal else "", attempts=attempts)
+                         rationale=proposal.rationale if proposal else "", attempts=attempts,
+                         steps=c.trial_steps(levers, role))
     c.state.budget.charge(result.gpu_hours)
     c.state.pending = None
     c.state.trials.append(record)
@@ -262,7 +278,9 @@ def planner_view(c: Campaign, gate_probe: Callable[[dict[str, Any]], bool] | Non
                        affordable=lambda levers: c.state.budget.can_afford(
                            c.estimated_cost(levers) + confirm_reserve(c, levers)),
                        gate_probe=gate_probe or (lambda levers: probe_layout(c, levers)),
-                       probed={layout_key(p["levers"]): bool(p["passed"]) for p in c.state.gate_probes})
+                       probed={layout_key(p["levers"]): bool(p["passed"]) for p in c.state.gate_probes},
+                       noise_rel_sd=c.state.noise_rel_sd or 0.0, settle_cost=lambda levers: settle_cost(c, levers),
+                       training_gpu_hours=c.settings.training_hours * c.recipe.cluster.gpus)
 
 
 def next_proposal(c: Campaign, gate_probe: Callable[[dict[str, Any]], bool] | None = None) -> Proposal | None:

@@ -83,7 +83,7 @@ def _gate_hours(c: Campaign, candidate: Recipe) -> float:
     from attune.gate import torchtitan_runs
     runs = torchtitan_runs.plan_runs(c.recipe, candidate, c.settings.gate_steps or torchtitan_runs.DEFAULT_STEPS,
                                      seed=0)
-    return sum(gpu_hours(run.recipe.cluster.gpus, c.stack.estimate_wall_time_s(run.recipe, run.steps))
+    return sum(gpu_hours(run.recipe.cluster.gpus, c.run_wall_time_s(run.recipe, run.steps))
                for run in runs.values())
 
 

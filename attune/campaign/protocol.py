@@ -46,9 +46,6 @@ ALPHA = 0.05           # the confirmation test's level (attune.campaign.noise.ga
 # slower still (the budget curve's random planner overshot a 1/4 budget by 16% without it), and on the
 # fixed protocol the confirmation reserve behind every trial is what absorbed that.
 UNRESERVED_MARGIN = 0.5
-# A confirmation's cost: its estimate, or what the layout's screening runs cost scaled up to the full
-# steps, whichever is larger (a measured cost beats an estimate that was wrong)
-MEASURED_MARGIN = 1.15
 
 Mode = Literal["budget", "fixed"]
 

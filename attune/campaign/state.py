@@ -50,6 +50,7 @@ class TrialRecord(BaseModel):
     rationale: str = ""
     attempts: int = 1
     mlflow_run_id: str | None = None
+    steps: int | None = None          # measured steps the run was asked for (None: saved before it was kept)
 
     @property
     def tps(self) -> float:

@@ -54,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _rules() -> tuple[str, ...]:
-    from attune.planners.lesson_guided import RULES
+    from attune.planners.attune_planner import RULES
     return RULES
 
 

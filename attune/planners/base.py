@@ -40,6 +40,12 @@ class PlannerView:
                                             # the proxy's convergence check) passes the layout; CPU only,
                                             # no GPU-hours, tens of seconds, cached by content
     probed: dict = field(default_factory=dict)   # the probes this campaign ran: layout key -> passed
+    noise_rel_sd: float = 0.0               # run-to-run noise the baseline replicates measured (relative sd)
+    settle_cost: Any = None                 # callable(levers) -> GPU-hours a win of this layout adds: the
+                                            # confirmation runs and gate that would settle it, less the
+                                            # incumbent's (all of them while the incumbent is the baseline)
+    training_gpu_hours: float | None = None  # the training the tuned recipe will run (GPU-hours): what a gain
+                                            # is worth; None: unknown, a trial is worth any expected gain
 
 
 @dataclass(frozen=True)

@@ -41,8 +41,6 @@ SHARE_FLOOR = 0.005    # a part below this share of the step (measured and predi
 CLIP = (0.25, 4.0)     # no hook moves further from the model than this
 PASSES = 5
 OOM_MARGIN = 1.02      # an out-of-memory layout needed at least this much more than the device held
-DOUBT_PRIOR = 0.10     # a step model's typical miss per layout on a cluster it was not fitted to: what the
-DOUBT_WEIGHT = 2.0     # doubt starts from, weighted as this many trials, until the campaign's own misses say
 SELECTIVE = AC_MODES.index("selective")
 
 
@@ -85,7 +83,8 @@ class ClusterFit:
     """Fitted effects and memory; neutral (the public estimator itself) before any trial."""
 
     effects: FittedEffects = field(default_factory=FittedEffects)
-    memory_factor: float = 1.0
+    memory_factor: float = 1.0       # the largest measured / predicted peak (an out-of-memory trial's floor too)
+    memory_central: float = 1.0      # their geometric mean: the memory a layout most likely needs
     step_factor: float = 1.0          # stacks without a breakdown: the whole step's ratio
     observed: int = 0
 
@@ -111,6 +110,8 @@ class ClusterFit:
                                                                     ["mem_required_gib"][0])
                      for layout, result in trials if result.status.value == "oom"), default=0.0)
         fit.memory_factor = max(max(ratios, default=1.0), floor)
+        if ratios:   # an out-of-memory trial bounds its own layout, not the level: see the planner's memory model
+            fit.memory_central = float(np.exp(np.mean(np.log(ratios))))
         return fit
 
     def _pass(self, recipe: Recipe, profiled: list) -> FittedEffects:
@@ -166,7 +167,7 @@ class ClusterFit:
         cols = self._columns(recipe, la)
         memory = cols["mem_total_gib"] * self.memory_factor
         return {"step_s": cols["step_s"] * self.step_factor, "tps": cols["tps"] / self.step_factor,
-                "mem_total_gib": memory,
+                "mem_total_gib": memory, "mem_estimate_gib": cols["mem_total_gib"],
                 "fits": cols["mem_required_gib"] * self.memory_factor <= recipe.cluster.memory_gib}
 
     def predict(self, recipe: Recipe, layout: Layout) -> Prediction:
@@ -202,35 +203,3 @@ def fit_from_history(recipe: Recipe, history) -> ClusterFit:
             layout = layout_of(recipe, obs.levers, check=False)
             pairs.append((layout, obs.result))
     return ClusterFit.from_trials(recipe, pairs)
-
-
-@dataclass
-class ClusterModel:
-    """The planner's model of the cluster as trials come in: the fit of all trials so far, and how
-    far each earlier fit missed the next new layout it was asked about (out of sample). `doubt`, the
-    root mean square of those misses shrunk toward DOUBT_PRIOR (one lucky hit is not proof), is how
-    far the model's ranking can be trusted on this cluster. With `fitted` off the model stays the
-    public estimator, and its misses are counted all the same."""
-
-    fitted: bool = True
-    fit: ClusterFit = field(default_factory=ClusterFit)
-    misses: list[float] = field(default_factory=list)
-    _seen: int = 0
-
-    def update(self, recipe: Recipe, history) -> None:
-        from attune.space import layout_of
-
-        for i in range(self._seen, len(history)):
-            obs = history[i]
-            if i > 0 and obs.result.ok and all(o.levers != obs.levers for o in history[:i]):
-                layout = layout_of(recipe, obs.levers)
-                predicted = self.fit.predict(recipe, layout).tokens_per_sec_per_gpu
-                self.misses.append(predicted / obs.result.tokens_per_sec_per_gpu - 1.0)
-            if self.fitted:
-                self.fit = fit_from_history(recipe, history[: i + 1])
-        self._seen = len(history)
-
-    @property
-    def doubt(self) -> float:
-        squares = float(np.sum(np.square(self.misses))) + DOUBT_WEIGHT * DOUBT_PRIOR ** 2
-        return float(np.sqrt(squares / (len(self.misses) + DOUBT_WEIGHT)))

@@ -23,7 +23,7 @@ from attune.errors import InputError
 from attune.layout import apply_levers, resolve_layout
 from attune.levers import Scalar, speed_levers
 from attune.planners.base import PlannerView, Proposal
-from attune.planners.lesson_guided import LessonGuidedPlanner
+from attune.planners.attune_planner import AttunePlanner
 from attune.planners.registry import register_planner
 from attune.recipe import dump_recipe
 from attune.space import config_for, layout_of
@@ -53,7 +53,7 @@ class LlmPlanner:
     model: str | None = None
     timeout_s: float = 60.0
     seed: int = 0
-    fallback: LessonGuidedPlanner = field(default_factory=LessonGuidedPlanner)
+    fallback: AttunePlanner = field(default_factory=AttunePlanner)
     usage: dict[str, int] = field(default_factory=lambda: {"prompt_tokens": 0, "completion_tokens": 0,
                                                            "calls": 0, "refused": 0, "fallback_turns": 0})
     stop_reason: str = ""

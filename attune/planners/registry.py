@@ -9,11 +9,11 @@ from attune.errors import InputError
 
 
 def _attune(seed: int = 0, disabled_rules: frozenset[str] = frozenset(), **_: Any):
-    from attune.planners.lesson_guided import RULES, LessonGuidedPlanner
+    from attune.planners.attune_planner import RULES, AttunePlanner
     unknown = set(disabled_rules) - set(RULES)
     if unknown:
         raise InputError("--disable-rule", f"unknown rule(s) {', '.join(sorted(unknown))}; rules: {', '.join(RULES)}")
-    return LessonGuidedPlanner(disabled=frozenset(disabled_rules))
+    return AttunePlanner(disabled=frozenset(disabled_rules))
 
 
 PLANNERS: dict[str, Callable[..., Any]] = {"attune": _attune}

@@ -34,9 +34,12 @@ from attune.stacks.torchtitan.validate import torchtitan_available, validate_bat
 # (launch, log path, limits, workdir) -> outcome. Local by default; see deployment.pool_executor.
 Executor = Callable[[Launch, Path, RunLimits, Path], RunOutcome]
 
-# Conservative planning figures for estimate_wall_time_s (a budget check must not underestimate).
+# Conservative planning figures for estimate_wall_time_s (a budget check must not underestimate); a
+# campaign corrects them by what its runs measure (attune.campaign.costs).
 STARTUP_S, COMPILE_S, INIT_S_PER_B_PARAMS = 120.0, 240.0, 0.5
-CPU_STARTUP_S, CPU_COMPILE_S = 30.0, 120.0  # measured about 8 s and 60 s for the debug model on 2 cores
+# The debug model on 2 cores: start-up measured 18-22 s (the CPU benchmark's sweeps); compilation about
+# 60 s with a cold inductor cache and 1-2 s with a warm one (the sweeps: mean wall 23.6 s compiled, 22.1 s eager)
+CPU_STARTUP_S, CPU_COMPILE_S = 30.0, 60.0
 MFU_FLOOR = 0.15
 RECOMPUTE_FACTOR = {"none": 1.0, "selective": 1.15, "full": 4.0 / 3.0, "memory-budget": 1.2}
 
@@ -97,8 +100,6 @@ class TorchtitanStack:
         self.rdzv_endpoint = rdzv_endpoint or ("env" if deployment else None)
         self.env = dict(env or {})
         self.extra_config = dict(extra_config or {})
-        self._step_s: dict[str, float] = {}      # launch key -> measured step time
-        self._startup_s: dict[str, float] = {}   # model, cluster, compile -> measured start-up
         self._validated: set[str] = set()
 
     def preflight(self, recipe: Recipe) -> None:
@@ -147,9 +148,9 @@ class TorchtitanStack:
     # ---- the Stack protocol --------------------------------------------------------------
 
     def estimate_wall_time_s(self, recipe: Recipe, steps: int) -> float:
-        """Start-up (+ compile) + (warm-up + steps) x a step at a low MFU. Once trials have run,
-        measured figures replace the priors (x1.25): start-up per model, cluster and compile
-        setting, step time per launch."""
+        """The prior: start-up (+ compile) + (warm-up + steps) x a step at a low MFU. What runs
+        measured corrects it in the campaign (attune.campaign.costs), not here: a stack's estimate is
+        the same before and after any run, so a campaign can tell how far it was off."""
         layout, arch, part = recipe.layout(), recipe.architecture, recipe.cluster.part
         n_steps = self.warmup_steps + steps
         peak = (part.peak_fp8_tflops if layout.float8 != "none" and part.supports_float8 else part.peak_bf16_tflops)
@@ -157,12 +158,6 @@ class TorchtitanStack:
         step_s = flops / (recipe.cluster.gpus * peak * 1e12 * MFU_FLOOR)
         base_s, compile_s = (CPU_STARTUP_S, CPU_COMPILE_S) if on_cpu(recipe) else (STARTUP_S, COMPILE_S)
         startup = base_s + INIT_S_PER_B_PARAMS * arch.total_params / 1e9 + (compile_s if layout.compile else 0.0)
-        seen_startup = self._startup_s.get(self._startup_key(recipe))
-        seen_step = self._step_s.get(self._key(recipe))
-        if seen_startup is not None:
-            startup = 1.25 * seen_startup
-        if seen_step is not None:
-            step_s = 1.25 * seen_step
         return startup + n_steps * step_s
 
     def run_trial(self, recipe: Recipe, steps: int, seed: int, workdir: Path) -> TrialResult:
@@ -181,11 +176,6 @@ class TorchtitanStack:
         outcome = self.executor(launch, workdir / "train.log", limits, workdir)
         return self._result(recipe, outcome, levers, launch)
 
-    def learn(self, recipe: Recipe, wall_time_s: float, steps_run: int, step_time_s: float) -> None:
-        """What a finished run measured replaces the estimate's priors for the same launch."""
-        self._step_s[self._key(recipe)] = step_time_s
-        self._startup_s[self._startup_key(recipe)] = max(0.0, wall_time_s - steps_run * step_time_s)
-
     # ---- helpers -------------------------------------------------------------------------
 
     def _check(self, launch: Launch, recipe_key: str) -> None:
@@ -197,10 +187,6 @@ class TorchtitanStack:
                 raise InputError("torchtitan ConfigManager", error)
             self._validated.add(recipe_key)
 
-    @staticmethod
-    def _startup_key(recipe: Recipe) -> str:
-        return f"{recipe.model_name}|{recipe.cluster.label}|{recipe.layout().compile}"
-
     def _key(self, recipe: Recipe) -> str:
         return json.dumps([recipe.cluster.label, sorted(canonical_config(dict(recipe.config)).items())], default=str)
 
@@ -210,8 +196,6 @@ class TorchtitanStack:
         mfu = median_or_none([s.mfu for s in timed])
         memory = [s.memory_gib for s in outcome.steps if s.memory_gib is not None and math.isfinite(s.memory_gib)]
         step_time = recipe.layout().tokens_per_step / (tps * recipe.cluster.gpus) if tps else None
-        if step_time and outcome.status == TrialStatus.OK:
-            self.learn(recipe, outcome.wall_time_s, len(outcome.steps), step_time)
         message = outcome.message
         if outcome.status == TrialStatus.OK and not timed:
             message = f"{message}; no step after the {self.warmup_steps} warm-up steps to measure"

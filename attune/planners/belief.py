@@ -1,0 +1,122 @@
+"""What the `attune` planner believes of every layout before it measures it: its throughput and its
+peak memory, each a distribution.
+
+  mean       the public estimator fitted to what the trials measured (attune.planners.cluster_fit;
+             `fitted` off: the estimator as it is), and for memory the level the runs measured
+  residual   a Gaussian process on the log-residual, log(measured) - log(mean), over layout features
+             (attune.planners.residual_gp): a measured layout says how far the model is off on
+             layouts a few levers away (`correlated` off: only on itself)
+  scale      the GP's prior width (the estimator's known error) times a calibration learned out of
+             sample: before each trial of a new layout is seen, the belief predicts it, and the miss in
+             units of its own predicted sd is kept. If the misses are larger than the belief said, it
+             widens; if smaller, it narrows; PRIOR_WEIGHT pseudo-misses of one sd pull it toward the
+             prior while there are few (`calibrated` off: the prior width as it is)
+
+A near layout predicted well says little about a far one, so misses are weighed against what the
+belief expected at each, not taken as the width themselves: a campaign that measured only
+neighbours of its baseline does not think itself sure of the whole space.
+
+An out-of-memory run bounds its layout's peak from below; it enters the memory GP at the limit (a
+lower bound taken for a value: its neighbours learn they need at least that much).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from attune.planners.cluster_fit import OOM_MARGIN, ClusterFit, fit_from_history
+from attune.planners.residual_gp import Prior, ResidualGP, features
+from attune.recipe import Recipe
+from attune.sim.arrays import LayoutArrays
+
+THROUGHPUT_WIDTH = 0.20   # sd of log(measured / estimated) throughput on a cluster the estimator was not calibrated
+                          # on: a median miss of 14% in the realistic world (docs/simulator.md) is an sd of 0.21
+MEMORY_WIDTH = 0.05       # the same for peak memory: the estimator's memory is calibrated against published runs
+                          # (docs/simulator.md), its misses per layout a few percent
+MEMORY_NOISE = 0.01       # run-to-run spread of a layout's peak memory (log)
+PRIOR_WEIGHT = 2.0        # pseudo-misses of one predicted sd the calibration starts from
+
+
+@dataclass
+class Belief:
+    fitted: bool = True
+    correlated: bool = True
+    calibrated: bool = True
+    gp: ResidualGP = field(default_factory=ResidualGP)
+    fit: ClusterFit = field(default_factory=ClusterFit)
+    z_throughput: list[float] = field(default_factory=list)   # out-of-sample misses in predicted sds
+    z_memory: list[float] = field(default_factory=list)
+    _seen: int = 0
+
+    def update(self, recipe: Recipe, history, noise_sd: float) -> None:
+        """Take in the trials not seen yet, each predicted first from those before it."""
+        from attune.planners.attune_planner import measured_arrays
+
+        for i in range(self._seen, len(history)):
+            obs, earlier = history[i], history[:i]
+            new = i > 0 and all(o.levers != obs.levers for o in earlier)
+            if new and obs.result.ok and any(o.result.ok for o in earlier):
+                here = measured_arrays(recipe, [obs.levers])
+                x = features(here)
+                mean, sd = self.throughput(recipe, earlier, here, x, noise_sd)
+                miss = np.log(obs.result.tokens_per_sec_per_gpu) - mean[0]
+                self.z_throughput.append(float(miss / np.sqrt(sd[0] ** 2 + max(noise_sd, 0.005) ** 2)))
+                if obs.result.peak_memory_gib:
+                    mean, sd = self.memory(recipe, earlier, here, x)
+                    miss = np.log(obs.result.peak_memory_gib) - mean[0]
+                    self.z_memory.append(float(miss / np.sqrt(sd[0] ** 2 + MEMORY_NOISE ** 2)))
+            if self.fitted:
+                self.fit = fit_from_history(recipe, history[: i + 1])
+        self._seen = len(history)
+
+    def scale(self, z: list[float]) -> float:
+        """How much wider (or narrower) than its prior the belief should be, from its own misses."""
+        if not self.calibrated:
+            return 1.0
+        return float(np.sqrt((np.sum(np.square(z)) + PRIOR_WEIGHT) / (len(z) + PRIOR_WEIGHT)))
+
+    @property
+    def throughput_width(self) -> float:
+        return THROUGHPUT_WIDTH * self.scale(self.z_throughput)
+
+    @property
+    def memory_width(self) -> float:
+        return MEMORY_WIDTH * self.scale(self.z_memory)
+
+    # --- the two distributions -------------------------------------------------------------------
+    def throughput(self, recipe: Recipe, history, arrays: LayoutArrays, x: np.ndarray, noise_sd: float,
+                   priors: list[Prior] = (), fit: ClusterFit | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and sd of log throughput per layout of `arrays` (features `x`), given the history."""
+        from attune.planners.attune_planner import measured_arrays
+
+        fit = fit or self.fit
+        model = np.log(np.maximum(fit.columns(recipe, arrays)["tps"], 1e-12))
+        ok = [o for o in history if o.result.ok and o.result.tokens_per_sec_per_gpu]
+        if not ok:
+            return model, np.full(len(model), self.throughput_width)
+        seen = measured_arrays(recipe, [o.levers for o in ok])
+        residuals = (np.log([o.result.tokens_per_sec_per_gpu for o in ok])
+                     - np.log(np.maximum(fit.columns(recipe, seen)["tps"], 1e-12)))
+        mean, sd = self.gp.posterior(features(seen), residuals, noise_sd, self.throughput_width, x,
+                                     priors=priors, correlated=self.correlated)
+        return model + mean, sd
+
+    def memory(self, recipe: Recipe, history, arrays: LayoutArrays, x: np.ndarray,
+               fit: ClusterFit | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and sd of log peak memory per layout: the estimate at the measured level, and the GP."""
+        from attune.planners.attune_planner import measured_arrays
+
+        fit = fit or self.fit
+        level = np.log(np.maximum(fit.columns(recipe, arrays)["mem_estimate_gib"], 1e-9) * fit.memory_central)
+        limit = recipe.cluster.memory_gib
+        seen = [o for o in history if (o.result.ok and o.result.peak_memory_gib) or o.result.status.value == "oom"]
+        if not seen:
+            return level, np.full(len(level), self.memory_width)
+        at = measured_arrays(recipe, [o.levers for o in seen])
+        estimate = np.log(np.maximum(fit.columns(recipe, at)["mem_estimate_gib"], 1e-9) * fit.memory_central)
+        peaks = np.log([o.result.peak_memory_gib if o.result.ok else OOM_MARGIN * limit for o in seen])
+        mean, sd = self.gp.posterior(features(at), peaks - estimate, MEMORY_NOISE, self.memory_width, x,
+                                     correlated=self.correlated)
+        return level + mean, np.sqrt(sd ** 2 + MEMORY_NOISE ** 2)

@@ -1,26 +1,35 @@
-"""The planners on real hardware: torchtitan on this machine's CPU, scored against a measured oracle.
+"""The planners on real hardware: torchtitan on this machine's CPU, scored against measured oracles.
 
-    .venv/bin/python benchmarks/bench_cpu_hardware.py sweep        # every layout once, real runs (~1 h on 2 cores)
-    .venv/bin/python benchmarks/bench_cpu_hardware.py campaigns    # 4 planners x 3 seeds, replayed (~1 min)
-    .venv/bin/python benchmarks/bench_cpu_hardware.py report       # the tables again, from the saved files
+    .venv/bin/python benchmarks/bench_cpu_hardware.py campaigns --json           # every world not frozen, replayed
+    .venv/bin/python benchmarks/bench_cpu_hardware.py campaigns --worlds seq256-memory --json   # the frozen one
+    .venv/bin/python benchmarks/bench_cpu_hardware.py report                     # the tables again, from saved rows
+    .venv/bin/python benchmarks/bench_cpu_hardware.py sweep --world seq512       # measure a world again (~45 min)
 
-1. sweep: every layout of benchmarks/cpu/llama3_debug_search.toml's lever space (DP shard or
-   replicate, TP 2, PP 2 under three schedules, local batch, recomputation, compile: 88 layouts) is
-   a real torchtitan run on cpu:2 (2 warm-up + 4 measured steps). One JSON line per layout goes to
-   sweep.jsonl as soon as it is measured, so a stopped sweep resumes where it was. The sweep of
-   2026-12-06 is shipped (benchmarks/cpu/sweep-cpu2-2026-12-06.jsonl): `campaigns` replays it. The best layout
-   that fits the recipe's memory limit is the measured oracle.
+The worlds are listed in benchmarks/cpu/worlds.toml: each is a recipe of the llama3 debug model on
+cpu:2 whose [search] table is a lever space small enough to run every layout (DP shard or replicate,
+TP 2, PP 2, CP 2 where the sequence allows, local batch, recomputation, compile), and whose hbm_gib
+is a per-process memory limit.
+
+1. sweep: every layout of a world's space is a real torchtitan run (2 warm-up + 4 measured steps),
+   twice, in two passes (every layout once, then every layout again), so what changes on the
+   machine over the sweep shows as run-to-run spread rather than as a difference between layouts.
+   One JSON line per run goes to the world's table as soon as it is measured (a stopped sweep
+   resumes); the tables are shipped in benchmarks/cpu/. The best layout that fits the recipe's
+   memory limit, every run of it ok, by the mean of its runs' median steps, is the measured oracle.
 2. campaigns: `attune`, `random`, `bayes-warm` and `estimator-topk` each run a whole campaign (the
-   real campaign flow, protocol and gate) 3 times, on the `measured` stack, which replays the sweep's
-   runs: a trial of a layout returns that layout's measured step times resampled with the trial's
-   seed (its run-to-run noise is the measured step-to-step spread), charged start-up plus steps as
-   measured. Planners see what they measure and the public estimator only, as on any stack.
-3. Scored against the measured oracle: the share of the oracle's throughput each campaign ships,
-   process-hours used, and whether it shipped a layout slower than the baseline (a false gain).
+   real campaign flow, protocol and gate) 3 times per world at 0.25 process-hours, on the `measured`
+   stack: a trial of a layout replays one of its runs, drawn with the trial's seed (run-to-run
+   noise), its steps resampled (step-to-step noise), charged start-up plus steps as measured.
+   Planners see what they measure and the public estimator only, as on any stack.
+3. Scored against the measured oracle: the share of its throughput each campaign ships (mean and
+   worst seed), the mean gain over the baseline, process-hours used, and false gains (a shipped
+   layout slower than the baseline, as measured). `--json` prints
+   {"worlds": [{"name", "oracle_gain", "planners": {NAME: {"share_mean", "share_worst", "gain_mean",
+   "used_mean", "false_gains"}}}]}.
 
-Figures are measured on this machine (2 cores): the sweep is real; the campaigns replay it. Where
-the public estimator is wrong about a CPU is printed too (its rank of the oracle, the correlation of
-its predicted against measured throughput).
+Figures are measured on this machine (2 cores): the sweeps are real; the campaigns replay them.
+Where the public estimator is wrong about a CPU is printed too (its rank of the oracle, the rank
+correlation of its predicted against measured throughput).
 """
 
 from __future__ import annotations
@@ -58,7 +67,8 @@ def load_worlds() -> dict[str, dict]:
     import tomllib
     raw = tomllib.loads(WORLDS.read_text())["worlds"]
     return {name: {"name": name, "recipe": CPU_DIR / w["recipe"], "table": CPU_DIR / w["table"],
-                   "frozen": bool(w.get("frozen", False)), "note": w.get("note", "")} for name, w in raw.items()}
+                   "frozen": bool(w.get("frozen", False)), "note": w.get("note", ""),
+                   "run_sd": float(w.get("run_sd", 0.0))} for name, w in raw.items()}
 
 
 def sweep(out: Path, recipe_path: Path = RECIPE, runs: int = 1, table_path: Path | None = None) -> Path:
@@ -123,8 +133,9 @@ def campaigns(out: Path, world: dict, budget: float, seeds: int, planners: tuple
     for planner in planners:
         for seed in range(seeds):
             started = time.monotonic()
+            options = {"table": str(world["table"])} | ({"run_sd": world["run_sd"]} if world["run_sd"] else {})
             settings = CampaignSettings(stack="measured", planner=planner, seed=seed, budget_gpu_hours=budget,
-                                        stack_options={"table": str(world["table"])})
+                                        stack_options=options)
             result = tune_campaign(str(world["recipe"]), settings, quiet=True)
             row = _row(planner, seed, budget, result, time.monotonic() - started)
             with rows_path.open("a") as fh:
@@ -139,7 +150,10 @@ def campaigns(out: Path, world: dict, budget: float, seeds: int, planners: tuple
 def _row(planner: str, seed: int, budget: float, result, seconds: float) -> dict:
     data = result if isinstance(result, dict) else result.result()   # the flow returns the result dict
     shipped = data["best"]["levers"] if data["shipped"] else None
+    state = json.loads((Path(data["campaign_dir"]) / "state.json").read_text())
+    confirmed = [t["levers"] for t in state["trials"] if t["role"] == "confirm"]
     return {"planner": planner, "seed": seed, "budget": budget, "shipped": data["shipped"], "levers": shipped,
+            "candidate": confirmed[-1] if confirmed else shipped,
             "measured_gain": data["gain"], "used": data["gpu_hours_used"], "trials": data["trials"],
             "stop_reason": data["stop_reason"], "protocol": data["protocol"]["why"], "seconds": seconds}
 
@@ -176,10 +190,16 @@ def score(world: dict, rows: list[dict]) -> dict:
         mine = [r for r in rows if r["planner"] == planner]
         tps = [o["table"].layout_tps(r["levers"]) if r["levers"] else o["baseline_tps"] for r in mine]
         shares = [t / o["oracle_tps"] for t in tps]
+        found = [(o["table"].layout_tps(r["candidate"]) or 0.0) if r.get("candidate") else o["baseline_tps"]
+                 for r in mine]
         planners[planner] = {"seeds": len(mine), "share_mean": statistics.mean(shares), "share_worst": min(shares),
                              "gain_mean": statistics.mean(tps) / o["baseline_tps"] - 1,
                              "used_mean": statistics.mean(r["used"] for r in mine),
-                             "false_gains": sum(t < o["baseline_tps"] for t in tps)}
+                             "false_gains": sum(t < o["baseline_tps"] for t in tps),
+                             # what the search took to its confirmation, shipped or not (the confirmation
+                             # test, the same for every planner, keeps the baseline when it cannot tell)
+                             "found_mean": statistics.mean(f / o["oracle_tps"] for f in found),
+                             "kept_baseline": sum(not r["shipped"] for r in mine)}
     return {"name": world["name"], "frozen": world["frozen"], "oracle_gain": o["oracle_gain"],
             "budget": rows[0]["budget"] if rows else None, "planners": planners}
 
@@ -198,11 +218,12 @@ def report(out: Path, world: dict, budget: float) -> dict:
     scored = score(world, rows)
     if rows:
         print(f"\n| planner | seeds | mean share of the oracle | worst seed | mean gain over baseline | "
-              f"process-hours used (of {budget:g}) | false gains |")
-        print("|---|---|---|---|---|---|---|")
+              f"process-hours used (of {budget:g}) | false gains | kept the baseline | searched to (share) |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for planner, p in scored["planners"].items():
             print(f"| {planner} | {p['seeds']} | {p['share_mean']:.1%} | {p['share_worst']:.1%} | "
-                  f"{p['gain_mean']:+.1%} | {p['used_mean']:.3f} | {p['false_gains']} |")
+                  f"{p['gain_mean']:+.1%} | {p['used_mean']:.3f} | {p['false_gains']} | {p['kept_baseline']} | "
+                  f"{p['found_mean']:.1%} |")
     print()
     return scored
 

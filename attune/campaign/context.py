@@ -168,6 +168,10 @@ class Campaign:
     def save(self) -> None:
         self.state.save(self.state_path)
 
+    def training_gpu_hours(self) -> float:
+        """The GPU-hours of training the tuned recipe will run: what a gain is worth."""
+        return self.settings.training_hours * self.recipe.cluster.gpus
+
     def trial_recipe(self, levers: dict[str, Any], role: Role = "trial") -> Recipe:
         return recipe_at(self.recipe, levers, name=f"{self.recipe.name}-{role}")
 

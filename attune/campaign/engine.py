@@ -18,7 +18,7 @@ from attune.campaign.budget import Budget, gpu_hours
 from attune.campaign.context import Campaign, CampaignSettings
 from attune.campaign.diagnosis import diagnose
 from attune.campaign.gate_runs import gate_reserve, probe_layout
-from attune.campaign.noise import MIN_RELATIVE_SD, clears_band, gain_is_real, relative_sd, search_band
+from attune.campaign.noise import MIN_RELATIVE_SD, campaign_spread, clears_band, gain_is_real, relative_sd, search_band
 from attune.campaign.state import CampaignState, PendingTrial, Role, TrialRecord, campaign_folder, campaign_id
 from attune.campaign.tier import gate_verdict
 from attune.errors import InputError
@@ -53,12 +53,15 @@ def search_trials(c: Campaign) -> int:
 
 def confirm_reserve(c: Campaign, levers: dict[str, Any]) -> float:
     """What a search trial of these levers must leave: the confirmation runs its protocol keeps in
-    reserve, and its gate."""
+    reserve, and the gate, for whichever layout ends up confirmed (this one, or the incumbent when
+    this one loses: a cheap trial must not spend what a dear incumbent's confirmation needs)."""
     p = protocol_of(c)
     runs = p.search_reserve_runs(search_trials(c))
     if p.fitted and runs == 0:   # nothing behind it to absorb an estimate that was too low
         return proto.UNRESERVED_MARGIN * c.estimated_cost(levers) + gate_reserve(c, levers)
-    return runs * c.estimated_cost(levers, "confirm") + gate_reserve(c, levers)
+    incumbent = c.state.incumbent_record
+    settled = [levers] + ([incumbent.levers] if incumbent is not None and incumbent.role != "baseline" else [])
+    return max(runs * c.estimated_cost(lv, "confirm") + gate_reserve(c, lv) for lv in settled)
 
 
 def confirm_cost(c: Campaign, levers: dict[str, Any]) -> float:
@@ -280,7 +283,7 @@ def planner_view(c: Campaign, gate_probe: Callable[[dict[str, Any]], bool] | Non
                        gate_probe=gate_probe or (lambda levers: probe_layout(c, levers)),
                        probed={layout_key(p["levers"]): bool(p["passed"]) for p in c.state.gate_probes},
                        noise_rel_sd=c.state.noise_rel_sd or 0.0, settle_cost=lambda levers: settle_cost(c, levers),
-                       training_gpu_hours=c.settings.training_hours * c.recipe.cluster.gpus)
+                       training_gpu_hours=c.training_gpu_hours())
 
 
 def next_proposal(c: Campaign, gate_probe: Callable[[dict[str, Any]], bool] | None = None) -> Proposal | None:
@@ -406,10 +409,19 @@ def settle_incumbent(c: Campaign) -> tuple[bool, float]:
         if c.settings.replicates > 1:
             alpha = proto.search_alpha(len({layout_key(t.levers) for t in c.state.of_role("trial") if t.result.ok}))
     band = c.state.noise_band or 0.0
+    runs: dict[tuple, list[float]] = {}
+    for t in c.state.trials:
+        if t.result.ok:
+            runs.setdefault(layout_key(t.levers), []).append(t.tps)
+    spread = campaign_spread(runs)
+    if spread is not None and spread[1] > max(0, len(base) - 1):
+        # the band from every layout the campaign ran more than once, not the baseline's runs alone: two
+        # or three runs make a noisy estimate of the spread, and the band multiplies it
+        band = search_band(max(spread[0], MIN_RELATIVE_SD))
     if not samples:
         accepted, p, why = False, 1.0, "no confirmation run of the best candidate succeeded, baseline kept"
     else:
-        accepted, p = gain_is_real(base, samples, alpha=alpha, margin=band)
+        accepted, p = gain_is_real(base, samples, alpha=alpha, margin=band, spread=spread)
         why = (f"the best candidate's gain did not clear the noise band ({band:.1%}) on confirmation (p={p:.2f}), "
                f"baseline kept")
     if not accepted:

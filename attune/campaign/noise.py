@@ -46,24 +46,43 @@ def clears_band(candidate: list[float], incumbent: list[float], rel_sd: float, c
 
 
 def gain_is_real(baseline: list[float], candidate: list[float], alpha: float = 0.05,
-                 margin: float = 0.0) -> tuple[bool, float]:
+                 margin: float = 0.0, spread: tuple[float, int] | None = None) -> tuple[bool, float]:
     """One-sided t-test that candidate throughput exceeds baseline by more than `margin` (a relative
     gain: the campaign asks for its noise band); returns (accepted, p-value).
 
     The test is on log throughput with the two sides' spread pooled: run-to-run noise is the
     cluster's and multiplicative, the same share of any layout's throughput, and two fresh runs of a
     candidate cannot estimate it alone (a Welch test on them had one degree of freedom and refused a
-    +20% gain whose two runs were 6% apart)."""
+    +20% gain whose two runs were 6% apart).
+
+    With one run on each side there is no spread to pool: `spread`, the (log sd, degrees of freedom)
+    the campaign measured on layouts it ran more than once (campaign_spread), stands in; without it
+    nothing is accepted. An assumed noise floor would pass a noise-sized "gain" about one time in
+    ten on a cluster twice as noisy as assumed."""
     b, c = np.log(np.asarray(baseline, float)), np.log(np.asarray(candidate, float))
     shift = c.mean() - b.mean() - math.log1p(margin)
     if shift <= 0:
         return False, 1.0
     dof = len(b) + len(c) - 2
-    if dof < 1:
-        # Without replicates fall back to the band from the floor.
-        return bool(shift > search_band(relative_sd([]), 1 - alpha)), float("nan")
     squares = float(((b - b.mean()) ** 2).sum() + ((c - c.mean()) ** 2).sum())
-    sd = max(math.sqrt(squares / dof), MIN_RELATIVE_SD)
+    if dof < 1:
+        if spread is None or spread[1] < 1:
+            return False, float("nan")
+        sd, dof = max(spread[0], MIN_RELATIVE_SD), spread[1]
+    else:
+        sd = max(math.sqrt(squares / dof), MIN_RELATIVE_SD)
     t = shift / (sd * math.sqrt(1.0 / len(b) + 1.0 / len(c)))
     p = float(stats.t.sf(t, dof))
     return p < alpha, p
+
+
+def campaign_spread(runs: dict[tuple, list[float]]) -> tuple[float, int] | None:
+    """The run-to-run spread of log throughput pooled over the layouts measured more than once
+    (runs: layout -> throughputs), with its degrees of freedom; None where none was."""
+    squares, dof = 0.0, 0
+    for values in runs.values():
+        logs = np.log(np.asarray(values, float))
+        if len(logs) > 1:
+            squares += float(((logs - logs.mean()) ** 2).sum())
+            dof += len(logs) - 1
+    return (math.sqrt(squares / dof), dof) if dof else None

@@ -48,7 +48,8 @@ RULES = ("cluster-fit", "residual-gp", "learned-width", "lessons", "memory-risk"
          "gate-safe", "gate-probe", "exact-first")
 PRICED = 200           # candidates, best by EI x chance to fit, whose trial cost is computed exactly
 GATE_CHECKS = 500      # config checks spent on one proposal at most (about 10 ms each)
-KEEP = 200_000         # candidates the GP is asked about at most (the best-predicted ones)
+KEEP = 30_000          # candidates the GPs are asked about at most: the best-predicted (the model's best 4% of an
+                       # 800,000-layout MoE space; every layout of the CPU benchmark's spaces)
 _COLUMNS = {TP: "tp", PP: "pp", CP: "cp", EP: "ep", DP_REPLICATE: "dpr", LOCAL_BATCH: "lb", PP_SCHEDULE: "sched",
             PP_MICROBATCH: "mb", AC_MODE: "ac", COMPILE: "comp", FLOAT8: "f8"}
 
@@ -150,8 +151,10 @@ class AttunePlanner:
         model = np.log(np.maximum(cols["tps"], 1e-12))
         measured = measured_arrays(recipe, [obs.levers for obs in view.history])
         candidates = ~np.isin(space.codes, _codes(measured)) if len(measured) else np.ones(len(space.codes), bool)
-        if not self._numerics_possible():
-            candidates &= np.asarray(space.arrays.f8) == FLOAT8_CODE(recipe)
+        if not self._numerics_open():   # float8 layouts: only those a probe passed (gate-probe, exact-first)
+            passed = [dict(key) for key, ok in self.gate.probed.items() if ok]
+            numerics = np.asarray(space.arrays.f8) != FLOAT8_CODE(recipe)
+            candidates &= ~numerics | np.isin(space.codes, _codes(measured_arrays(recipe, passed)))
         if not self.on("memory-risk"):
             candidates &= cols["fits"]
         if self.on("gate-safe"):
@@ -161,6 +164,8 @@ class AttunePlanner:
         ok = [obs for obs in view.history if obs.result.ok and obs.result.tokens_per_sec_per_gpu]
         if not candidates.any() or not ok or not view.incumbent_tps:
             return []
+        # improvement over the incumbent by half the noise band: a layout must beat it by about the band to
+        # count, but one that beats it by less may still, and noise is in the belief already
         threshold = float(np.log(view.incumbent_tps) + np.log1p(view.noise_band / 2))
         seen = measured_arrays(recipe, [obs.levers for obs in ok])
         priors = self._lesson_priors(view, space.arrays, seen)
@@ -173,18 +178,21 @@ class AttunePlanner:
         index = np.flatnonzero(candidates & reach)
         if len(index) == 0:
             index = np.flatnonzero(candidates)[np.argsort(-model[candidates], kind="stable")[:PRICED]]
-        if len(index) > KEEP:
-            index = index[np.argsort(-model[index], kind="stable")[:KEEP]]
+        if len(index) > KEEP:   # the best-predicted, lessons' shifts counted
+            hopes = model[index] + sum((max(p.shift, 0.0) * p.where[index] for p in priors), np.zeros(len(index)))
+            index = index[np.argsort(-hopes, kind="stable")[:KEEP]]
         log_fit = np.zeros(len(index))
         if self.on("memory-risk"):
-            mem_mean, mem_sd = belief.memory(recipe, view.history, space.arrays.take(index), space.x[index])
+            mem_mean, mem_sd = belief.memory(recipe, view.history, space.arrays.take(index), space.x[index],
+                                             columns={k: v[index] for k, v in cols.items()})
             log_fit = norm.logcdf((np.log(recipe.cluster.memory_gib) - mem_mean) / mem_sd)
         keep = log_fit > np.log(1e-4)
         index, log_fit = index[keep], log_fit[keep]
         if len(index) == 0:
             return []
         mean, sd = belief.throughput(recipe, view.history, space.arrays.take(index), space.x[index], view.noise_rel_sd,
-                                     priors=[Prior(p.shift, p.width, p.where[index], p.where_measured) for p in priors])
+                                     priors=[Prior(p.shift, p.width, p.where[index], p.where_measured) for p in priors],
+                                     columns={k: v[index] for k, v in cols.items()})
         log_ei, log_pi = log_expected_improvement(mean, sd, threshold)
         log_value = log_ei + log_fit
         choices, checks = [], 0
@@ -248,9 +256,13 @@ class AttunePlanner:
         moved = {k: v for k, v in c.levers.items() if view.incumbent.get(k) != v}
         return levers_text(moved) or "the incumbent"
 
-    def _numerics_possible(self) -> bool:
+    def _numerics_open(self) -> bool:
+        """May any float8 layout not yet probed be weighed? While probes are left, or without a
+        probe once the exact tier is done (exact-first) or with that rule off."""
         g = self.gate
-        return bool(g.probing() or g.numerics_open or not self.on("exact-first") or any(g.probed.values()))
+        if g.probe is not None:
+            return g.probing()
+        return g.numerics_open or not self.on("exact-first")
 
     def _lesson_priors(self, view: PlannerView, arrays: LayoutArrays, measured: LayoutArrays) -> list["LessonPrior"]:
         """The lessons the incumbent's diagnosis matches, each as a prior on the layouts that make its move."""

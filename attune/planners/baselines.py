@@ -42,6 +42,16 @@ from attune.recipe import Recipe
 from attune.space import layout_of
 
 SEARCHED = (TP, PP, CP, EP, DP_REPLICATE, LOCAL_BATCH, PP_SCHEDULE, PP_MICROBATCH, AC_MODE, COMPILE, FLOAT8)
+_NO_PIPELINE = ("1F1B", 1)   # what a layout without a pipeline records for the pipeline-only levers
+
+
+def _searched(view: PlannerView, levers: dict[str, Scalar]) -> dict[str, Scalar]:
+    """The sampler's parameters of a layout: without a pipeline, the pipeline-only levers take the
+    first value of their domain (a recipe's [search] may leave out what such a layout records)."""
+    params = {k: levers.get(k) for k in SEARCHED}
+    if params[PP] == 1:
+        params[PP_SCHEDULE], params[PP_MICROBATCH] = view.domains[PP_SCHEDULE][0], view.domains[PP_MICROBATCH][0]
+    return params
 
 
 def _resolve(recipe: Recipe, assignment: dict[str, Scalar]) -> Layout | None:
@@ -78,8 +88,10 @@ class RandomPlanner:
         too_dear = 0
         for _ in range(self.max_draws):
             draw = {k: self._rng.choice(view.domains[k]) for k in SEARCHED}
-            if draw[PP] == 1 and (draw[PP_SCHEDULE] != "1F1B" or draw[PP_MICROBATCH] != 1):
-                continue  # pipeline levers mean nothing without a pipeline: count each layout once
+            if draw[PP] == 1:
+                if draw[PP_SCHEDULE] != view.domains[PP_SCHEDULE][0] or draw[PP_MICROBATCH] != view.domains[PP_MICROBATCH][0]:
+                    continue  # pipeline levers mean nothing without a pipeline: count each layout once
+                draw[PP_SCHEDULE], draw[PP_MICROBATCH] = _NO_PIPELINE
             layout = _resolve(view.recipe, draw)
             if layout is None or layout.levers() in tried:
                 continue
@@ -125,7 +137,7 @@ class BayesPlanner:
             levers = ranked[i]
             if self.gated and not gate_allows(self.gate, view.recipe, levers):
                 continue
-            params = {k: levers[k] for k in SEARCHED}
+            params = _searched(view, levers)
             if layout_key(params) not in self._warm:
                 self._study.enqueue_trial(params)
                 self._warm.add(layout_key(params))
@@ -152,7 +164,7 @@ class BayesPlanner:
         self._told = len(view.history)
 
     def _add_known(self, view: PlannerView, obs) -> None:
-        params = {k: obs.levers.get(k) for k in SEARCHED}
+        params = _searched(view, obs.levers)
         key = layout_key(params)
         if key in self._known or not obs.result.ok or any(v not in view.domains[k] for k, v in params.items()):
             return
@@ -173,7 +185,7 @@ class BayesPlanner:
             draw = {k: trial.suggest_categorical(k, list(view.domains[k])) for k in SEARCHED}
             warm = layout_key(draw) in self._warm
             if draw[PP] == 1:
-                draw[PP_SCHEDULE], draw[PP_MICROBATCH] = "1F1B", 1
+                draw[PP_SCHEDULE], draw[PP_MICROBATCH] = _NO_PIPELINE
             layout = _resolve(view.recipe, draw)
             if layout is None or self._refused(view, layout):   # a failed trial to the sampler
                 self._study.tell(trial, state=self._optuna.trial.TrialState.FAIL)

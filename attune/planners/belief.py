@@ -87,12 +87,14 @@ class Belief:
 
     # --- the two distributions -------------------------------------------------------------------
     def throughput(self, recipe: Recipe, history, arrays: LayoutArrays, x: np.ndarray, noise_sd: float,
-                   priors: list[Prior] = (), fit: ClusterFit | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Mean and sd of log throughput per layout of `arrays` (features `x`), given the history."""
+                   priors: list[Prior] = (), columns: dict[str, np.ndarray] | None = None
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and sd of log throughput per layout of `arrays` (features `x`), given the history
+        (`columns`: the fit's columns of `arrays`, where the caller has them)."""
         from attune.planners.attune_planner import measured_arrays
 
-        fit = fit or self.fit
-        model = np.log(np.maximum(fit.columns(recipe, arrays)["tps"], 1e-12))
+        fit = self.fit
+        model = np.log(np.maximum((columns or fit.columns(recipe, arrays))["tps"], 1e-12))
         ok = [o for o in history if o.result.ok and o.result.tokens_per_sec_per_gpu]
         if not ok:
             return model, np.full(len(model), self.throughput_width)
@@ -104,12 +106,13 @@ class Belief:
         return model + mean, sd
 
     def memory(self, recipe: Recipe, history, arrays: LayoutArrays, x: np.ndarray,
-               fit: ClusterFit | None = None) -> tuple[np.ndarray, np.ndarray]:
+               columns: dict[str, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Mean and sd of log peak memory per layout: the estimate at the measured level, and the GP."""
         from attune.planners.attune_planner import measured_arrays
 
-        fit = fit or self.fit
-        level = np.log(np.maximum(fit.columns(recipe, arrays)["mem_estimate_gib"], 1e-9) * fit.memory_central)
+        fit = self.fit
+        level = np.log(np.maximum((columns or fit.columns(recipe, arrays))["mem_estimate_gib"], 1e-9)
+                       * fit.memory_central)
         limit = recipe.cluster.memory_gib
         seen = [o for o in history if (o.result.ok and o.result.peak_memory_gib) or o.result.status.value == "oom"]
         if not seen:

@@ -9,7 +9,8 @@ layout of the space is run for real a few times (benchmarks/bench_cpu_hardware.p
 layout once, then every layout again) and a trial here returns one of those runs, drawn with the
 trial's seed: its measured step times resampled (the step-to-step spread), its start-up as measured,
 its peak memory and its ending (a crash stays a crash). Which run is drawn is the run-to-run part of
-the noise, so a confirmation does not simply repeat the luck of the search run it confirms. A
+the noise, so a confirmation does not simply repeat the luck of the search run it confirms (a table
+of one run per layout draws that part from `run_sd`, a spread measured on another sweep). A
 trial reports the median of its steps, as the torchtitan stack does, and a layout's throughput
 (the oracle's statistic) is the mean of its runs' medians. A layout whose measured peak exceeds
 the cluster's memory ends as an out-of-memory trial after its first step, as the CPU memory
@@ -112,9 +113,12 @@ class MeasuredTable:
 class MeasuredStack:
     name = "measured"
 
-    def __init__(self, table: str | None = None, table_sha256: str | None = None):
+    def __init__(self, table: str | None = None, table_sha256: str | None = None, run_sd: float = 0.0):
+        """`run_sd`: for a table with one run per layout, the run-to-run spread (log sd) measured
+        elsewhere, drawn per trial as a factor on its throughput (with two runs or more, the runs are it)."""
         options = table_options({"table": table, "table_sha256": table_sha256})
         self.table = MeasuredTable(options["table"])
+        self.run_sd = float(run_sd)
         # torchtitan's own estimate: the prior a live torchtitan campaign starts from (never the table)
         from attune.stacks.torchtitan.stack import TorchtitanStack
         first = next(iter(self.table.records.values()))[0]
@@ -140,7 +144,8 @@ class MeasuredStack:
             return TrialResult(status=TrialStatus(record["status"]) if record["status"] != "ok" else TrialStatus.CRASH,
                                wall_time_s=record["wall_time_s"], message=f"replayed: {record.get('message', '')}",
                                peak_memory_gib=record.get("peak_memory_gib"), **base)
-        step_s = [tokens / t for t in step_tps]
+        luck = float(np.exp(rng.normal(0.0, self.run_sd))) if len(runs) == 1 and self.run_sd > 0 else 1.0
+        step_s = [tokens / (t * luck) for t in step_tps]
         startup = max(0.0, record["wall_time_s"] - record.get("steps_logged", warmup + len(step_s)) * float(np.mean(step_s)))
         peak = self.table.peak_gib(levers)
         if not self.table.fits(levers, recipe.cluster.memory_gib):

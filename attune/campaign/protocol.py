@@ -113,7 +113,7 @@ def more_baseline(p: Protocol, runs: int, samples: list[float], left: float, scr
     spread = relative_sd(samples)
     if spread <= DISAGREE:
         return False, f"{skipped}: the runs agree (relative sd {spread:.2%} <= {DISAGREE:.1%})"
-    if left - screen_cost < screen_cost + gate_cost:
+    if left - screen_cost < (1 + UNRESERVED_MARGIN) * screen_cost + gate_cost:   # what the first trial must find
         return False, f"{skipped}: the runs disagree (relative sd {spread:.2%}) but a third leaves no search trial"
     return True, ""
 

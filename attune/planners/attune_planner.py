@@ -8,17 +8,19 @@ Every untried layout of the space gets a predictive distribution of its throughp
                  each shifts the layouts that make its move by its prior gain, with its own width (lessons)
   uncertainty    a Gaussian process on the fitted model's log-residual (attune.planners.residual_gp):
                  a measured layout tells how far the model is off on layouts a few levers away
-                 (residual-gp), with a width learned from the model's out-of-sample misses on this
-                 campaign's own trials, pulled toward the estimator's known error (learned-width)
-  memory         the chance it fits, from the fitted memory model and its own misses (memory-risk)
+                 (residual-gp), its width the estimator's known error calibrated by the belief's own
+                 out-of-sample misses on this campaign's trials (learned-width; attune.planners.belief)
+  memory         the chance it fits, from the fitted memory model and a GP of its own (memory-risk)
 
 The next trial is the layout with the highest expected improvement over the incumbent (by more than
 half the noise band) times its chance to fit, per GPU-hour: its run, and the confirmation runs and
-gate a win would add times the chance it wins (cost-aware). The search stops when that best trial
-would repay less than it costs over the training the recipe will run (EI x `--training-hours` x
-GPUs < its cost: payback-stop), or when the budget cannot pay for any trial worth running; the stop
-reason names the best remaining trial and its figures. So near-ties inside the model's error are
-measured while budget is left, and a model that keeps proving right stops early.
+gate a win would add times the chance it wins (cost-aware; where the budget left pays only a few
+trials, by EI alone: a cheaper trial then saves nothing that would buy another). The search stops
+when that best trial would repay less than it costs over the training the recipe will run (EI x
+`--training-hours` x GPUs < its cost: payback-stop), or when the budget cannot pay for any trial
+worth running; the stop reason names the best remaining trial and its figures. So near-ties inside
+the model's error are measured while budget is left, and a model that keeps proving right stops
+early.
 
 The gate's rules stay as they were (attune.planners.gate_rules): a layout the config check refuses
 is never proposed (gate-safe), a float8 one only after the proxy passed it (gate-probe), and without
@@ -48,6 +50,8 @@ RULES = ("cluster-fit", "residual-gp", "learned-width", "lessons", "memory-risk"
          "gate-safe", "gate-probe", "exact-first")
 PRICED = 200           # candidates, best by EI x chance to fit, whose trial cost is computed exactly
 GATE_CHECKS = 500      # config checks spent on one proposal at most (about 10 ms each)
+WIDEN = 10             # while none of them is affordable, up to this many times as many are priced
+FEW = 3                # trials the budget left must pay (at the median cost) for EI per GPU-hour to rank them
 KEEP = 30_000          # candidates the GPs are asked about at most: the best-predicted (the model's best 4% of an
                        # 800,000-layout MoE space; every layout of the CPU benchmark's spaces)
 _COLUMNS = {TP: "tp", PP: "pp", CP: "cp", EP: "ep", DP_REPLICATE: "dpr", LOCAL_BATCH: "lb", PP_SCHEDULE: "sched",
@@ -195,9 +199,12 @@ class AttunePlanner:
                                      columns={k: v[index] for k, v in cols.items()})
         log_ei, log_pi = log_expected_improvement(mean, sd, threshold)
         log_value = log_ei + log_fit
-        choices, checks = [], 0
+        choices, checks, affordable = [], 0, 0
         for j in np.argsort(-log_value, kind="stable"):
-            if len(choices) >= PRICED or checks >= GATE_CHECKS:
+            # PRICED of them, more (up to WIDEN x) while the budget pays for none: a dear best layout must not
+            # hide a cheaper one that is worth its trial
+            if checks >= GATE_CHECKS * (WIDEN if not affordable else 1) or (
+                    len(choices) >= PRICED and (affordable or len(choices) >= WIDEN * PRICED)):
                 break
             i = int(index[j])
             levers = space.arrays.layout(i).levers()
@@ -212,11 +219,19 @@ class AttunePlanner:
             choices.append(Choice(index=i, levers=levers, ei=float(np.exp(log_value[j])), chance=chance, fit=fits,
                                   gain=float(np.exp(mean[j])) / view.incumbent_tps - 1, sd=float(sd[j]),
                                   cost=cost, lesson=lesson))
+            affordable += view.affordable is None or bool(view.affordable(levers))
         if not choices:
             self.stop_reason = ("no moves left: every untried layout with an expected improvement is one the gate "
                                 "would refuse")
-        key = (lambda c: -c.value) if self.on("cost-aware") else (lambda c: -c.ei)
-        return sorted(choices, key=key)
+        return sorted(choices, key=(lambda c: -c.value) if self._per_gpu_hour(view, choices) else (lambda c: -c.ei))
+
+    def _per_gpu_hour(self, view: PlannerView, choices: list[Choice]) -> bool:
+        """Rank by EI per GPU-hour (cost-aware) while the budget left pays several trials; where it pays
+        at most FEW, by EI: a cheaper trial then saves nothing that would buy another one."""
+        if not self.on("cost-aware"):
+            return False
+        costs = sorted(c.cost for c in choices)
+        return not costs or view.budget_left_gpu_hours >= FEW * costs[len(costs) // 2]
 
     def _walk(self, view: PlannerView, choices: list[Choice]) -> Choice | None:
         """The first choice the gate allows and the budget pays for, if it is worth its cost; else None

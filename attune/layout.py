@@ -6,6 +6,7 @@ Rules (torchtitan's, simplified where noted):
   pp · stages_per_rank <= n_layers                            (each stage holds at least one layer)
   local batch divisible by the pipeline micro-batch size     (pipeline micro-batches = local / size)
   pipeline micro-batches as the schedule needs               (1F1B: at least pp; interleaved: whole rounds)
+  no lever value the schedule cannot run with                (zero-bubble: no compile, no selective AC)
   cp divides seq_len (cp > 1: in blocks of 128 tokens, torch's CP FlexAttention); ep > 1 only for MoE, divides n_experts and dp_shard · cp · tp
   global batch = local batch · grad-accum · dp, grad-accum a positive integer
   float8 only on accelerators with float8 tensor cores
@@ -147,6 +148,12 @@ def layout_violations(layout: Layout, model: ModelSpec, cluster: ClusterSpec) ->
         out.append((PP_MICROBATCH, f"{layout.pp_schedule} needs {rule.needs.format(pp=layout.pp)}, got local batch "
                                    f"{layout.local_batch} / micro-batch size {layout.pp_microbatch} = "
                                    f"{layout.n_microbatches} (torch's schedule refuses it before step 1)"))
+    if layout.pp > 1:
+        levers = layout.levers()
+        for key, value in lever(PP_SCHEDULE).excludes.get(layout.pp_schedule, {}).items():
+            if levers[key] == value:
+                out.append((PP_SCHEDULE, f"{layout.pp_schedule} cannot run with {key} = {value} (it splits each "
+                                         f"backward in two, which torch refuses there)"))
     if layout.seq_len % layout.cp:
         out.append((CP, f"cp={layout.cp} must divide seq_len={layout.seq_len}"))
     elif layout.cp > 1 and layout.seq_len % (layout.cp * lever(CP).seq_block):

@@ -130,9 +130,10 @@ PP_KEYS = {"pp": "parallelism.pipeline_parallel_degree", "schedule": "parallelis
            "mb": "parallelism.pipeline_parallel_microbatch_size"}
 
 
-def _piped(pp, schedule, local, mb=1, gpus=8):
-    return resolve_layout({PP_KEYS["pp"]: pp, PP_KEYS["schedule"]: schedule, PP_KEYS["mb"]: mb, LOCAL_BATCH: local,
-                           GLOBAL_BATCH: local * gpus // pp}, LLAMA8, ClusterSpec(accelerator="h100", gpus=gpus))
+def _piped(pp, schedule, local, mb=1, gpus=8, **more):
+    config = {PP_KEYS["pp"]: pp, PP_KEYS["schedule"]: schedule, PP_KEYS["mb"]: mb, LOCAL_BATCH: local,
+              GLOBAL_BATCH: local * gpus // pp, "activation_checkpoint.mode": "full"} | more
+    return resolve_layout(config, LLAMA8, ClusterSpec(accelerator="h100", gpus=gpus))
 
 
 def test_1f1b_needs_at_least_as_many_pipeline_microbatches_as_stages():
@@ -154,6 +155,19 @@ def test_interleaved_schedules_need_whole_rounds_and_gpipe_zbv_take_any_count():
         assert _piped(4, schedule, local=3).n_microbatches == 3     # fewer than pp: one round
     for schedule in ("GPipe", "ZBVZeroBubble"):
         assert _piped(4, schedule, local=1).n_microbatches == 1
+
+
+def test_zero_bubble_schedules_refuse_compile_and_selective_recomputation():
+    # torch 2.13 splits their backward in two: compiled stages are refused, selective AC backwards twice
+    for schedule in ("ZBVZeroBubble", "InterleavedZeroBubble"):
+        for more in ({"compile.enable": True}, {"activation_checkpoint.mode": "selective"}):
+            with pytest.raises(InputError) as err:
+                _piped(2, schedule, local=2, **more)
+            assert err.value.field == PP_KEYS["schedule"] and schedule in err.value.rule
+        assert _piped(2, schedule, local=2, **{"activation_checkpoint.mode": "none"}).pp == 2
+    assert _piped(2, "1F1B", local=2, **{"compile.enable": True, "activation_checkpoint.mode": "selective"}).pp == 2
+    # without a pipeline the schedule is inert: nothing to refuse
+    assert resolve_layout({PP_KEYS["schedule"]: "ZBVZeroBubble", "compile.enable": True}, LLAMA8, H100_8).pp == 1
 
 
 def test_without_pipelining_the_schedule_asks_nothing_of_the_batch():

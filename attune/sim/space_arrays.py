@@ -20,6 +20,10 @@ from attune.sim.arrays import AC_MODES, FLOAT8_MODES, SCHEDULES, LayoutArrays, f
 from attune.space import lever_domains
 
 
+# Choice and bool levers as LayoutArrays columns: the column and the code a value has there.
+_COLUMNS = {COMPILE: ("comp", bool), AC_MODE: ("ac", AC_MODES.index), FLOAT8: ("f8", FLOAT8_MODES.index)}
+
+
 def _inner_grid(d: dict, piped: bool) -> dict[str, np.ndarray]:
     """Every (schedule, micro-batch, local batch, AC, compile, float8) row in product order."""
     pipeline = itertools.product(d[PP_SCHEDULE], d[PP_MICROBATCH]) if piped else [("1F1B", 1)]
@@ -52,6 +56,9 @@ def valid_mask(recipe: Recipe, la: LayoutArrays) -> np.ndarray:
         rule = microbatch_rule(schedule)
         if rule is not None:
             ok &= (la.pp == 1) | (la.sched != code) | rule.ok(la.lb // np.maximum(la.mb, 1), la.pp)
+        for key, value in lever(PP_SCHEDULE).excludes.get(schedule, {}).items():   # values it cannot run with
+            column, code_of = _COLUMNS[key]
+            ok &= (la.pp == 1) | (la.sched != code) | (getattr(la, column) != code_of(value))
     ok &= (la.seq % la.cp == 0) & ((la.cp == 1) | (la.seq % (la.cp * lever(CP).seq_block) == 0))
     if model.is_moe:
         ok &= (la.ep == 1) | ((model.n_experts % la.ep == 0) & ((la.dps * la.cp * la.tp) % la.ep == 0))

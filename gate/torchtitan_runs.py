@@ -171,6 +171,8 @@ class TorchtitanGateRunner:
 
     def run(self, run: GateRun, name: str = "") -> RunRecord:
         key = run.key()
+        if run.makes_seed:   # one per model, whatever else the bases of a suite's cases change
+            key = f"seed-{seed_key(run.recipe)}"
         if key in self.done:
             return self.done[key]
         if run.makes_seed:

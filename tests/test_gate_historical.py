@@ -255,3 +255,30 @@ def test_a_crashed_case_is_neither_caught_nor_passed(monkeypatch, tmp_path):
                         per_case=[result], trainer="torchtitan", gpu_hours=0.0, suite="torchtitan",
                         noise="none", replicates=2)
     assert "1 crashed (not counted)" in ev.table(report) and "**crashed**" in ev.table(report)
+
+
+def test_one_seed_checkpoint_serves_every_base_of_a_model(tmp_path):
+    """The seed run is made once per model: a case whose base changes a training field (HF-23986's
+    40-step schedule) loads the checkpoint the suite's base made; its cost is charged once."""
+    from attune.gate.torchtitan_runs import SEED, TorchtitanGateRunner
+    from attune.stacks.base import TrialStatus
+    from attune.stacks.torchtitan.runner import RunOutcome
+    from attune.stacks.torchtitan.stack import TorchtitanStack
+    made = []
+
+    def executor(launch, log_path, limits, workdir):
+        made.append(launch.argv)
+        (workdir / "outputs" / "checkpoint" / "step-0").mkdir(parents=True)
+        return RunOutcome(status=TrialStatus.CRASH, returncode=0, wall_time_s=36.0, steps=[], message="",
+                          log_path=str(log_path))
+
+    runner = TorchtitanGateRunner(TorchtitanStack(executor=executor, validate=False), tmp_path)
+    base = base_recipe("historical")
+    longer = case_base(base, next(c for c in CASES if c.get("base_set", {}).get("training.steps")))
+    for recipe in (base, longer):
+        seed = plan_runs(recipe, recipe, 20, 0)[SEED]
+        assert runner.run(seed, SEED).ok
+    assert len(made) == 1 and runner.gpu_hours == pytest.approx(36.0 / 3600)   # one process, once
+    argv = made[0]
+    assert "--checkpoint.create_seed_checkpoint" in argv and argv[argv.index("--nproc-per-node") + 1] == "1"
+    assert any(a.startswith("attune.stacks.torchtitan.seed_init.seeded_weights=") for a in argv)

@@ -292,6 +292,7 @@ def historical_table(report: EvalReport) -> str:
     controls = [r for r in report.per_case if r.kind == "control"]
     lines.append("")
     lines.append(f"bugs caught: {report.caught}/{report.faults}; controls rejected: "
-                 f"{sum(1 for r in controls if r.rejected)}/{len(controls)}; {report.steps} steps; "
+                 f"{sum(1 for r in controls if r.rejected)}/{len(controls)}; legitimate changes passed: "
+                 f"{report.legit - report.false_rejects}/{report.legit}; {report.steps} steps; "
                  f"{report.seconds:.0f} s; noise {report.noise}, {report.replicates} replicates")
     return "\n".join(lines)

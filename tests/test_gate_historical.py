@@ -180,11 +180,14 @@ def test_historical_table_carries_links_and_verdicts():
     case = CaseResult(id="H-HF-5605", kind="fault", label="resume", caught=True, false_reject=None, rejected=True,
                       fired=["data", "curve"], checks=[], steps_used=20, mode="paired", seconds=1.0, bug="HF-5605", first_step=11,
                       tracker=bug["tracker"], fix=bug["fix"])
-    report = EvalReport(faults=1, caught=1, caught_runtime=1, caught_config_only=0, legit=0, false_rejects=0,
-                        numerics=0, numerics_rejected=0, steps=20, seed=0, seconds=1.0, per_case=[case],
+    legit = CaseResult(id="H-L-pp2-1F1B", kind="legit", label="PP 2", caught=None, false_reject=False, rejected=False,
+                       fired=[], checks=[], steps_used=20, mode="paired", seconds=1.0)
+    report = EvalReport(faults=1, caught=1, caught_runtime=1, caught_config_only=0, legit=1, false_rejects=0,
+                        numerics=0, numerics_rejected=0, steps=20, seed=0, seconds=1.0, per_case=[case, legit],
                         trainer="torchtitan", suite="historical")
     text = historical_table(report)
     assert f"[transformers#5605]({bug['tracker']})" in text and "| yes | data, curve | 11 | 20 |" in text and "bugs caught: 1/1" in text
+    assert "| passed (legit) |" in text and "legitimate changes passed: 1/1" in text
 
 
 @needs_torchtitan

@@ -5,6 +5,8 @@ Rules (torchtitan's, simplified where noted):
   tp divides n_heads and n_kv_heads
   pp · stages_per_rank <= n_layers                            (each stage holds at least one layer)
   local batch divisible by the pipeline micro-batch size     (pipeline micro-batches = local / size)
+  pipeline micro-batches as the schedule needs               (1F1B: at least pp; interleaved: whole rounds)
+  no lever value the schedule cannot run with                (zero-bubble: no compile, no selective AC)
   cp divides seq_len (cp > 1: in blocks of 128 tokens, torch's CP FlexAttention); ep > 1 only for MoE, divides n_experts and dp_shard · cp · tp
   global batch = local batch · grad-accum · dp, grad-accum a positive integer
   float8 only on accelerators with float8 tensor cores
@@ -12,8 +14,11 @@ Rules (torchtitan's, simplified where noted):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
+
+import numpy as np
 
 from attune.errors import InputError
 from attune.levers import Scalar, lever, lever_catalog
@@ -30,6 +35,30 @@ AC_MODE, COMPILE, FLOAT8 = "activation_checkpoint.mode", "compile.enable", "quan
 
 # Levers whose change alters the number of data-parallel ranks: dp_shard must absorb it.
 WORLD_SPLITTING = (TP, PP, CP, DP_REPLICATE)
+
+
+@dataclass(frozen=True)
+class MicrobatchRule:
+    """What a schedule's constructor demands of n pipeline micro-batches at pp ranks. `ok` takes
+    ints or numpy arrays alike, so the vectorised space (attune/sim/space_arrays.py) applies the
+    very same rule."""
+    ok: Callable[[Any, Any], Any]
+    needs: str   # for the message: "{needs}" with n and pp filled in
+
+
+# The rules levers.toml names per schedule (pipeline_parallel_schedule.microbatches), torch 2.13's.
+MICROBATCH_RULES = {
+    "at_least_stages": MicrobatchRule(lambda n, pp: n >= pp, "at least pp={pp} pipeline micro-batches"),
+    "whole_rounds": MicrobatchRule(lambda n, pp: n % np.maximum(1, n // pp) == 0,
+                                   "a number of pipeline micro-batches that splits into whole rounds of "
+                                   "pp={pp} (a multiple of max(1, n // pp))"),
+}
+
+
+def microbatch_rule(schedule: str) -> MicrobatchRule | None:
+    """The micro-batch rule of a pipeline schedule, None where any count runs."""
+    name = lever(PP_SCHEDULE).microbatches.get(schedule)
+    return MICROBATCH_RULES[name] if name else None
 
 
 @dataclass(frozen=True)
@@ -114,6 +143,17 @@ def layout_violations(layout: Layout, model: ModelSpec, cluster: ClusterSpec) ->
     if layout.pp > 1 and layout.local_batch % layout.pp_microbatch:
         out.append((PP_MICROBATCH, f"pipeline micro-batch size {layout.pp_microbatch} must divide "
                                    f"local batch {layout.local_batch}"))
+    elif layout.pp > 1 and (rule := microbatch_rule(layout.pp_schedule)) \
+            and not rule.ok(layout.n_microbatches, layout.pp):
+        out.append((PP_MICROBATCH, f"{layout.pp_schedule} needs {rule.needs.format(pp=layout.pp)}, got local batch "
+                                   f"{layout.local_batch} / micro-batch size {layout.pp_microbatch} = "
+                                   f"{layout.n_microbatches} (torch's schedule refuses it before step 1)"))
+    if layout.pp > 1:
+        levers = layout.levers()
+        for key, value in lever(PP_SCHEDULE).excludes.get(layout.pp_schedule, {}).items():
+            if levers[key] == value:
+                out.append((PP_SCHEDULE, f"{layout.pp_schedule} cannot run with {key} = {value} (it splits each "
+                                         f"backward in two, which torch refuses there)"))
     if layout.seq_len % layout.cp:
         out.append((CP, f"cp={layout.cp} must divide seq_len={layout.seq_len}"))
     elif layout.cp > 1 and layout.seq_len % (layout.cp * lever(CP).seq_block):

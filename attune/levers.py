@@ -7,7 +7,7 @@ import difflib
 import functools
 import math
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from attune.data_files import load_data
@@ -30,6 +30,10 @@ class Lever:
     numerics: bool = False  # speed lever that changes numerics: the gate wants a convergence check
     max: int = INT_LEVER_MAX  # int levers only
     seq_block: int = 1  # a sequence-splitting lever above 1 needs seq_len divisible by value x seq_block
+    # choice levers: value -> the rule its pipeline micro-batch count must keep (attune.layout.MICROBATCH_RULES)
+    microbatches: dict[str, str] = field(default_factory=dict, compare=False)
+    # choice levers: value -> {other lever: a value it cannot run with} (attune.layout.layout_violations)
+    excludes: dict[str, dict[str, Scalar]] = field(default_factory=dict, compare=False)
 
     def coerce(self, value: Any) -> Scalar:
         """The value in this lever's type, or an InputError naming the lever and its rule."""

@@ -10,7 +10,7 @@ import itertools
 from collections.abc import Iterator
 
 from attune.layout import (AC_MODE, COMPILE, CP, DP_REPLICATE, EP, FLOAT8, LOCAL_BATCH, PP, PP_MICROBATCH,
-                           PP_SCHEDULE, TP, Layout, layout_violations, resolve_layout, with_layout)
+                           PP_SCHEDULE, TP, Layout, layout_violations, microbatch_rule, resolve_layout, with_layout)
 from attune.levers import Scalar, lever
 from attune.recipe import Recipe
 
@@ -36,10 +36,24 @@ def lever_domains(recipe: Recipe) -> dict[str, list[Scalar]]:
         COMPILE: list(lever(COMPILE).values),
         FLOAT8: list(lever(FLOAT8).values) if cluster.part.supports_float8 else ["none"],
     }
+    # The recipe as written is a point of its own space, even where it sets a value the catalog does
+    # not list (deepseek_v3_671b_pp16 runs a rank's 128 samples as one pipeline flush: local batch 128).
+    own = base.levers()
+    for key in (TP, PP, CP, EP, DP_REPLICATE, LOCAL_BATCH, PP_MICROBATCH):
+        if own[key] not in domains[key]:
+            domains[key] = sorted([*domains[key], own[key]])
     for key, allowed in recipe.search.items():   # the recipe's [search] narrows a domain, in catalog order
         if key in domains:
             domains[key] = [v for v in domains[key] if v in allowed]
+    domains[PP] = [v for v in domains[PP] if v == 1 or _pipeline_fits(v, domains)]
     return domains
+
+
+def _pipeline_fits(pp: int, d: dict[str, list[Scalar]]) -> bool:
+    """Whether some schedule, local batch and micro-batch size of the domains give `pp` stages a
+    pipeline micro-batch count its schedule accepts (layout_violations checks each layout)."""
+    return any(local % mb == 0 and ((rule := microbatch_rule(schedule)) is None or rule.ok(local // mb, pp))
+               for schedule in d[PP_SCHEDULE] for local in d[LOCAL_BATCH] for mb in d[PP_MICROBATCH])
 
 
 def iter_layouts(recipe: Recipe) -> Iterator[Layout]:

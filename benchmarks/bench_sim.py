@@ -34,17 +34,19 @@ def recipe(model: str, accel: str, gpus: int, **config):
                              "stack": {"torch": "2.13.0", "torchtitan": "0.3.0"}, "config": cfg})
 
 
+# GPipe: these bases run one micro-batch per pipeline flush (local batch 1), which torch's 1F1B
+# refuses at pp > 1 (the micro-batch rule, attune/layout.py); the spaces searched are the same.
 MOE_256 = [
     recipe("deepseek-v3-671b", "h100", 256, training__local_batch_size=1, training__global_batch_size=1024,
            training__seq_len=4096, parallelism__expert_parallel_degree=32, parallelism__pipeline_parallel_degree=8,
-           activation_checkpoint__mode="full"),
+           parallelism__pipeline_parallel_schedule="GPipe", activation_checkpoint__mode="full"),
     recipe("qwen3-235b-a22b", "h100", 256, training__local_batch_size=1, training__global_batch_size=1024,
            training__seq_len=4096, parallelism__expert_parallel_degree=8, parallelism__pipeline_parallel_degree=4,
-           activation_checkpoint__mode="full"),
+           parallelism__pipeline_parallel_schedule="GPipe", activation_checkpoint__mode="full"),
 ]
 DENSE_128 = recipe("llama3.1-405b", "h100", 128, training__local_batch_size=1, training__global_batch_size=256,
                    training__seq_len=8192, parallelism__tensor_parallel_degree=8, parallelism__pipeline_parallel_degree=8,
-                   activation_checkpoint__mode="full")
+                   parallelism__pipeline_parallel_schedule="GPipe", activation_checkpoint__mode="full")
 
 
 def rate(fn, n: int) -> tuple[float, float]:

@@ -7,7 +7,8 @@ Three suites, on the two trainers the convergence check can read:
   historical  gate/suite_historical.toml: real torchtitan runs, each case a silent-correctness bug
               that happened (gate/historical_bugs.toml: tracker and fix), restored in torchtitan by
               attune/stacks/torchtitan/historical_bugs.py; a case may change the base for itself
-              (`base_set`: the bug needs padded labels, or a schedule it can act on)
+              (`base_set`: the bug needs padded labels, or a schedule it can act on;
+              `base_torchtitan`: another torchtitan recipe of the model, e.g. another loss)
 Every case is built from the suite's base recipe by the lever moves (with their compensations)
 and raw config fields it names; the config check runs on the recipes, and when it passes the
 trainer runs the candidate (with the case's injected faults) against the baseline replicates,
@@ -102,11 +103,14 @@ def base_recipe(name: str = "proxy") -> Recipe:
 
 
 def case_base(base: Recipe, case: dict) -> Recipe:
-    """The base a case is judged against: the suite's, with the case's `base_set` fields."""
-    if not case.get("base_set"):
+    """The base a case is judged against: the suite's, with the case's `base_set` fields and
+    `base_torchtitan` (another torchtitan recipe of the same model, e.g. one with another loss)."""
+    if not case.get("base_set") and not case.get("base_torchtitan"):
         return base
-    return recipe_from_dict(base.model_dump(exclude_none=True) | {"config": dict(base.config) | case["base_set"]},
-                            origin=f"{base.name} + {case['id']} base_set")
+    raw = base.model_dump(exclude_none=True) | {"config": dict(base.config) | case.get("base_set", {})}
+    if case.get("base_torchtitan"):
+        raw["torchtitan"] = raw["torchtitan"] | case["base_torchtitan"]
+    return recipe_from_dict(raw, origin=f"{base.name} + {case['id']} base")
 
 
 def case_recipe(base: Recipe, case: dict) -> Recipe:
@@ -288,6 +292,7 @@ def historical_table(report: EvalReport) -> str:
     controls = [r for r in report.per_case if r.kind == "control"]
     lines.append("")
     lines.append(f"bugs caught: {report.caught}/{report.faults}; controls rejected: "
-                 f"{sum(1 for r in controls if r.rejected)}/{len(controls)}; {report.steps} steps; "
+                 f"{sum(1 for r in controls if r.rejected)}/{len(controls)}; legitimate changes passed: "
+                 f"{report.legit - report.false_rejects}/{report.legit}; {report.steps} steps; "
                  f"{report.seconds:.0f} s; noise {report.noise}, {report.replicates} replicates")
     return "\n".join(lines)

@@ -2,7 +2,10 @@
 the candidate, their curves and step-1 records, and the check of gate/convergence.py on them.
 
 A gate run is a short torchtitan run of the recipe with ATTUNE's recorder override
-(attune/stacks/torchtitan/recorder.py): every run starts from the same weights and composes each
+(attune/stacks/torchtitan/recorder.py): every run starts from the same weights, loaded from one seed
+checkpoint made once per verdict (attune/stacks/torchtitan/seed_init.py: a one-process run of the
+baseline's model, its cost charged like any gate run, its file reused by every replicate and the
+candidate, whatever their layout: pipeline stages included), and composes each
 step's global batch as torchtitan's own loader would at the run's data-parallel degree, so two
 layouts with the same DP degree see the same batches and are compared pairwise, and a layout that
 changes the DP degree (and with it torchtitan's data order) is compared with baseline runs made
@@ -30,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from attune.layout import CP, DP_REPLICATE, DP_SHARD, EP, PP, TP
 from attune.recipe import Recipe
 from attune.stacks.torchtitan.recipe_values import OVERRIDE_IMPORTS, recipe_values
 from attune.stacks.torchtitan.runner import RunLimits
@@ -44,6 +48,9 @@ MAX_DOUBLINGS = 1
 REPLICATES = 2          # identical on a deterministic CPU, so two suffice there; real GPUs differ
 ORDER_REPLICATES = 2
 RECORDER = "attune.stacks.torchtitan.recorder.gate_run"
+SEED_INIT = "attune.stacks.torchtitan.seed_init.seeded_weights"
+INIT_SEED = 0           # the seeded draw of the seed checkpoint's weights (seed_init.py)
+SEED = "seed"           # the plan's name for the run that makes the seed checkpoint
 FAULTS_MODULE = "attune.stacks.torchtitan.faults"
 OVERRIDES_PACKAGE = "attune.stacks.torchtitan"   # a fault named module.factory lives in this package
 # Relative gradient noise per element. gpu-like: one bfloat16 unit in the last place (2^-8), the
@@ -66,12 +73,14 @@ class GateRun:
     faults: tuple[str, ...] = ()
     noise: float = 0.0        # relative gradient noise (NOISE_LEVELS); 0 = deterministic
     noise_seed: int = 0
+    makes_seed: bool = False  # the run that makes the seed checkpoint (trains nothing)
 
     def key(self) -> str:
         noise = [self.noise, self.noise_seed] if self.noise else []
         return hashlib.sha256(json.dumps([self.recipe.config, self.recipe.cluster.model_dump(),
                                           self.recipe.torchtitan.model_dump() if self.recipe.torchtitan else None,
-                                          self.order_dp, self.steps, self.seed, self.faults, *noise],
+                                          self.order_dp, self.steps, self.seed, self.faults, *noise,
+                                          *(["seed"] if self.makes_seed else [])],
                                          sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
@@ -91,11 +100,20 @@ def data_order(recipe: Recipe) -> int:
     return recipe.layout().dp
 
 
+def seed_recipe(recipe: Recipe) -> Recipe:
+    """The recipe of the run that makes the seed checkpoint: the same model on one process, no
+    parallelism (torchtitan makes a seed checkpoint only at a world size of 1)."""
+    config = dict(recipe.config) | {TP: 1, PP: 1, CP: 1, EP: 1, DP_REPLICATE: 1, DP_SHARD: -1}
+    cluster = recipe.cluster.model_copy(update={"gpus": 1, "gpus_per_node": 1})
+    return recipe.model_copy(update={"config": config, "cluster": cluster, "name": f"{recipe.name}-seed"})
+
+
 def plan_runs(baseline: Recipe, candidate: Recipe, steps: int, seed: int, replicates: int = REPLICATES,
               faults: tuple[str, ...] = (), noise: float = 0.0) -> dict[str, GateRun]:
-    """baseline-1..k (the baseline's data order, then ORDER_REPLICATES under the candidate's when
-    it differs) and the candidate. With noise every run draws its own noise seed (the candidate
-    one no replicate has), and the order replicates are as many as the others."""
+    """The seed checkpoint's run first, then baseline-1..k (the baseline's data order, then
+    ORDER_REPLICATES under the candidate's when it differs) and the candidate. With noise every run
+    draws its own noise seed (the candidate one no replicate has), and the order replicates are as
+    many as the others. The seed run is planned, charged and reserved like the others."""
     base_order, cand_order = data_order(baseline), data_order(candidate)
     runs = [GateRun(baseline, base_order, steps, seed + i, noise=noise, noise_seed=1 + i if noise else 0)
             for i in range(replicates)]
@@ -103,7 +121,8 @@ def plan_runs(baseline: Recipe, candidate: Recipe, steps: int, seed: int, replic
         order_replicates = max(ORDER_REPLICATES, replicates) if noise else ORDER_REPLICATES
         runs += [GateRun(baseline, cand_order, steps, seed + 100 + i, noise=noise,
                          noise_seed=101 + i if noise else 0) for i in range(order_replicates)]
-    plan = {f"baseline-{i}": run for i, run in enumerate(runs, start=1)}
+    plan = {SEED: GateRun(seed_recipe(baseline), 1, 0, INIT_SEED, makes_seed=True)}
+    plan |= {f"baseline-{i}": run for i, run in enumerate(runs, start=1)}
     plan["candidate"] = GateRun(candidate, cand_order, steps, seed, faults, noise=noise,
                                 noise_seed=CANDIDATE_NOISE_SEED if noise else 0)
     return plan
@@ -132,25 +151,44 @@ def _recipe_imports(recipe: Recipe) -> list[str]:
     return [entry for entry in str(text).split(",") if entry]
 
 
+def seed_key(recipe: Recipe) -> str:
+    """What a seed checkpoint's weights depend on: the model (torchtitan's module and config, the
+    recipe's own overrides) and the draw, not the layout."""
+    return hashlib.sha256(json.dumps([recipe.torchtitan.model_dump() if recipe.torchtitan else None,
+                                      _recipe_imports(recipe), INIT_SEED]).encode()).hexdigest()[:20]
+
+
 class TorchtitanGateRunner:
-    """Runs gate runs through a torchtitan stack, each once per process (baseline replicates are
-    shared by every candidate of a suite or a campaign), and adds up what they were charged."""
+    """Runs gate runs through a torchtitan stack, each once per process (baseline replicates and the
+    seed checkpoint are shared by every candidate of a suite or a campaign), and adds up what they
+    were charged."""
 
     def __init__(self, stack: TorchtitanStack, workdir: Path, say: Callable[[str], None] | None = None):
         self.stack, self.workdir, self.say = stack, Path(workdir).resolve(), say
         self.done: dict[str, RunRecord] = {}
+        self.seeds: dict[str, Path] = {}     # seed_key -> the checkpoint every run of that model loads
         self.gpu_hours = 0.0
 
     def run(self, run: GateRun, name: str = "") -> RunRecord:
         key = run.key()
+        if run.makes_seed:   # one per model, whatever else the bases of a suite's cases change
+            key = f"seed-{seed_key(run.recipe)}"
         if key in self.done:
             return self.done[key]
+        if run.makes_seed:
+            return self._make_seed(run, key)
+        checkpoint = self.seeds.get(seed_key(run.recipe))
+        if checkpoint is None:   # a run planned without its seed (plan_runs puts the seed first)
+            made = self.run(GateRun(seed_recipe(run.recipe), 1, 0, INIT_SEED, makes_seed=True), SEED)
+            if not made.ok:
+                return made
+            checkpoint = self.seeds[seed_key(run.recipe)]
         workdir = self.workdir / "runs" / key
         workdir.mkdir(parents=True, exist_ok=True)
         record_path = workdir / "record.jsonl"
         layout = run.recipe.layout()
         settings = {"record": str(record_path), "order_dp": run.order_dp, "global_batch": layout.global_batch,
-                    "max_norm": run.recipe.config.get("training.max_norm"), "init_seed": 0,
+                    "max_norm": run.recipe.config.get("training.max_norm"), "pp": layout.pp,
                     "steps": run.steps, "accumulation": layout.grad_accum, "dp": layout.dp}
         if run.noise:
             settings["noise"] = {"scale": run.noise, "seed": run.noise_seed}
@@ -158,7 +196,9 @@ class TorchtitanGateRunner:
         imports = _recipe_imports(run.recipe) + [override_import(name) for name in run.faults] + [RECORDER]
         stack = copy.copy(self.stack)
         stack.warmup_steps = 0
-        stack.extra_config = dict(self.stack.extra_config) | {OVERRIDE_IMPORTS: ",".join(imports)}
+        stack.extra_config = dict(self.stack.extra_config) | {
+            OVERRIDE_IMPORTS: ",".join(imports), "checkpoint.enable": True, "checkpoint.load_only": True,
+            "checkpoint.initial_load_path": str(checkpoint)}
         launch = stack.launch(run.recipe, run.steps, run.seed, workdir)
         launch = launch.model_copy(update={"env": launch.env | {SETTINGS_ENV: str(workdir / "settings.json")}})
         (workdir / "launch.json").write_text(json.dumps(launch.payload(), indent=2))
@@ -169,7 +209,8 @@ class TorchtitanGateRunner:
         started = time.perf_counter()
         limits = RunLimits(measure_steps=None, warmup_steps=0, startup_timeout_s=stack.startup_timeout_s,
                            stall_timeout_s=stack.stall_timeout_s)
-        outcome = stack.executor(launch, workdir / "train.log", limits, workdir)
+        # a run that trained another layout than its recipe's is no evidence about that recipe
+        outcome = stack.checked(run.recipe, stack.executor(launch, workdir / "train.log", limits, workdir), workdir)
         records = [json.loads(line) for line in record_path.read_text().splitlines() if line.strip()] \
             if record_path.is_file() else []
         gpu_hours = run.recipe.cluster.gpus * outcome.wall_time_s / 3600.0
@@ -178,6 +219,34 @@ class TorchtitanGateRunner:
         rows, step1 = records_to_curve(records)
         result = RunRecord(ok=ok, rows=rows, step1=step1, gpu_hours=gpu_hours, seconds=time.perf_counter() - started,
                            message=outcome.message if not ok else "", log=outcome.log_path)
+        self.done[key] = result
+        return result
+
+    def _make_seed(self, run: GateRun, key: str) -> RunRecord:
+        """torchtitan's seed checkpoint of the run's model (one process, the gate's seeded draw)."""
+        workdir = self.workdir / "seeds" / seed_key(run.recipe)
+        workdir.mkdir(parents=True, exist_ok=True)
+        imports = _recipe_imports(run.recipe) + [f"{SEED_INIT}={json.dumps({'init_seed': run.seed})}"]
+        stack = copy.copy(self.stack)
+        stack.warmup_steps = 0
+        stack.extra_config = dict(self.stack.extra_config) | {
+            OVERRIDE_IMPORTS: ",".join(imports), "checkpoint.enable": True, "checkpoint.create_seed_checkpoint": True}
+        launch = stack.launch(run.recipe, 1, run.seed, workdir)
+        (workdir / "launch.json").write_text(json.dumps(launch.payload(), indent=2))
+        if self.say:
+            self.say(f"gate run {SEED}: the seed checkpoint of {run.recipe.name} (one process)")
+        started = time.perf_counter()
+        limits = RunLimits(measure_steps=None, warmup_steps=0, startup_timeout_s=stack.startup_timeout_s,
+                           stall_timeout_s=stack.stall_timeout_s)
+        outcome = stack.executor(launch, workdir / "train.log", limits, workdir)
+        gpu_hours = run.recipe.cluster.gpus * outcome.wall_time_s / 3600.0
+        self.gpu_hours += gpu_hours
+        checkpoint = stack.ran_config(workdir).parent / "checkpoint" / "step-0"
+        ok = outcome.returncode == 0 and checkpoint.is_dir()
+        if ok:
+            self.seeds[seed_key(run.recipe)] = checkpoint
+        result = RunRecord(ok=ok, gpu_hours=gpu_hours, seconds=time.perf_counter() - started, log=outcome.log_path,
+                           message="" if ok else f"no seed checkpoint ({outcome.message})")
         self.done[key] = result
         return result
 
@@ -204,8 +273,8 @@ def converge(baseline: Recipe, candidate: Recipe, config: ConfigVerdict, workdir
         info = {name: {"recipe": run.recipe.name, "order_dp": run.order_dp, "faults": list(run.faults),
                        "seed": run.seed, "noise": run.noise, "noise_seed": run.noise_seed, "seconds": round(results[name].seconds, 1),
                        "gpu_hours": round(results[name].gpu_hours, 5)} for name, run in plan.items()}
-        folder = write_folder(Path(workdir) / "curves", {n: (r.rows, r.step1) for n, r in results.items()},
-                              manifest, info)
+        curves = {n: (r.rows, r.step1) for n, r in results.items() if n != SEED}   # the seed trains nothing
+        folder = write_folder(Path(workdir) / "curves", curves, manifest, info)
         verdict = check_convergence(folder, workdir, max_steps=max_steps)
         if verdict.verdict == "inconclusive" and verdict.need_more_steps is not None:
             # the longer runs start from step 1 again: they cost this round's runs times the step ratio

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -57,11 +58,17 @@ def test_objective_change_fails_with_the_field_named(capsys, write_recipe):
 def test_with_curves_runs_the_convergence_check(capsys, pair, tmp_path):
     a, b = pair
     folder = make_folder(tmp_path / "curves")
-    code, stdout, _ = run(capsys, "gate", "--baseline", a, "--candidate", b, "--curves", folder, "--json")
+    before = sorted(p.name for p in folder.iterdir())
+    code, stdout, _ = run(capsys, "gate", "--baseline", a, "--candidate", b, "--curves", folder, "--json",
+                          "--out", tmp_path / "out")
     assert code == 0
     conv = json.loads(stdout)["convergence"]
     assert conv["passed"] is True and conv["steps_used"] == 40 and conv["plot"].endswith("gate.png")
     assert conv["band"]["loss"]["halfwidth"] and conv["statistic"]["name"]
+    # the plot goes beside the report, where --out says; the user's curves folder is only read
+    assert Path(conv["plot"]) == tmp_path / "out" / "gate.png" and Path(conv["plot"]).is_file()
+    assert json.loads((tmp_path / "out" / "gate_report.json").read_text())["passed"] is True
+    assert sorted(p.name for p in folder.iterdir()) == before
 
 
 def test_text_output(capsys, pair):

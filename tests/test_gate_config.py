@@ -168,7 +168,9 @@ def test_float8_with_tp_matches_the_torchtitan_defect(base):
 
 
 def test_defect_version_range_is_respected(base):
-    pp_ga = apply_levers(base.config, {"parallelism.pipeline_parallel_degree": 2, "training.local_batch_size": 1},
+    # GPipe: one micro-batch per flush is a schedule torch builds (1F1B needs pp of them)
+    pp_ga = apply_levers(base.config, {"parallelism.pipeline_parallel_degree": 2, "training.local_batch_size": 1,
+                                       "parallelism.pipeline_parallel_schedule": "GPipe"},
                          base.architecture, base.cluster)
     pp_ga[GLOBAL_BATCH] = 16  # pp 2 halves DP: accumulation 2 with micro-batch 1 -> 16 = 1 x 4 x ... keep 16
     candidate = base.with_config(pp_ga)

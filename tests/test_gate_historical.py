@@ -22,11 +22,27 @@ CASES = suite("historical")["cases"]
 
 def test_every_case_names_a_researched_bug_with_its_links():
     bugs = historical_bugs()
-    assert len([c for c in CASES if c["kind"] == "fault"]) >= 5 and len(CASES) >= 6
-    for case in CASES:
+    assert len([c for c in CASES if c["kind"] == "fault"]) >= 8 and len(CASES) >= 12
+    for case in (c for c in CASES if c["kind"] != "legit"):
         bug = bugs[case["bug"]]
-        assert bug["tracker"].startswith("https://github.com/") and bug["cpu_feasible"] is True
-        assert case["kind"] in ("fault", "control") and case["faults"]
+        assert bug["cpu_feasible"] is True and case["kind"] in ("fault", "control")
+        if bug.get("found_here"):   # a bug of the installed stack this suite found: nothing to inject
+            assert bug["tracker"].startswith("none: found by this suite") and not case.get("faults")
+        else:
+            assert bug["tracker"].startswith("https://github.com/") and case["faults"]
+    # the three pipeline bugs are restored, each at PP 2 (beside the ZBV bug this suite found)
+    piped = {c["bug"] for c in CASES if c.get("moves", {}).get("parallelism.pipeline_parallel_degree") == 2
+             and c["kind"] == "fault"}
+    assert piped == {"TT-1733", "TT-596", "TT-2972", "AT-ZBV-NORM"}
+
+
+def test_the_suite_carries_legitimate_changes_a_pipelined_one_among_them():
+    """A gate that refused everything would catch every bug; the legitimate cases are what it must pass."""
+    legit = [c for c in CASES if c["kind"] == "legit"]
+    assert len(legit) >= 2 and all(not c.get("faults") and not c.get("bug") for c in legit)
+    schedules = {c["moves"]["parallelism.pipeline_parallel_schedule"] for c in legit
+                 if c["moves"].get("parallelism.pipeline_parallel_degree", 1) > 1}
+    assert schedules == {"1F1B", "Interleaved1F1B", "ZBVZeroBubble"}
 
 
 def test_the_cases_change_no_config_field_so_only_runs_can_catch_them():
@@ -34,7 +50,9 @@ def test_the_cases_change_no_config_field_so_only_runs_can_catch_them():
     for case in CASES:
         own = case_base(base, case)
         assert check_config(own, case_recipe(own, case)).passed, case["id"]
-    padded = case_base(base, next(c for c in CASES if c["bug"] == "TT-1842"))
+    plain = case_base(base, next(c for c in CASES if c.get("base_torchtitan")))   # another recipe of the model
+    assert plain.torchtitan.config == "llama3_debugmodel_ce_loss" and plain.config == base.config
+    padded = case_base(base, next(c for c in CASES if c.get("bug") == "TT-1842"))
     assert "padded_labels" in padded.config["override.imports"] and "override.imports" not in base.config
 
 
@@ -48,11 +66,11 @@ def test_a_historical_fault_resolves_to_its_module():
 def test_every_case_fault_is_an_override_factory():
     from attune.stacks.torchtitan import historical_bugs as hb
     for case in CASES:
-        for fault in case["faults"]:
+        for fault in case.get("faults", ()):
             module, name = fault.split(".")
             assert module == "historical_bugs" and callable(getattr(hb, name)), fault
-    assert set(hb.BUGS) == {c["bug"] for c in CASES}
-    assert {c["faults"][0] for c in CASES if c["bug"] == "TT-1842"} == {"historical_bugs.loss_per_microbatch_mean"}
+    assert set(hb.BUGS) == {c["bug"] for c in CASES if c.get("bug")}
+    assert {c["faults"][0] for c in CASES if c.get("bug") == "TT-1842"} == {"historical_bugs.loss_per_microbatch_mean"}
 
 
 @needs_torchtitan
@@ -152,7 +170,7 @@ def test_noisy_runs_draw_their_own_seeds_and_more_replicates():
     assert all(r.noise == 0 and r.noise_seed == 0 for r in quiet.values())
     noisy = plan_runs(base, tp2, 20, 0, NOISE_REPLICATES, noise=NOISE_LEVELS["gpu-like"])
     seeds = [r.noise_seed for r in noisy.values()]
-    assert len(noisy) == 2 * NOISE_REPLICATES + 1 and len(set(seeds)) == len(seeds)
+    assert len(noisy) == 2 * NOISE_REPLICATES + 2 and len(set(seeds)) == len(seeds)   # + the seed checkpoint's run
     assert noisy["candidate"].noise_seed == CANDIDATE_NOISE_SEED
     assert len({r.key() for r in noisy.values()}) == len(noisy)
 
@@ -162,11 +180,14 @@ def test_historical_table_carries_links_and_verdicts():
     case = CaseResult(id="H-HF-5605", kind="fault", label="resume", caught=True, false_reject=None, rejected=True,
                       fired=["data", "curve"], checks=[], steps_used=20, mode="paired", seconds=1.0, bug="HF-5605", first_step=11,
                       tracker=bug["tracker"], fix=bug["fix"])
-    report = EvalReport(faults=1, caught=1, caught_runtime=1, caught_config_only=0, legit=0, false_rejects=0,
-                        numerics=0, numerics_rejected=0, steps=20, seed=0, seconds=1.0, per_case=[case],
+    legit = CaseResult(id="H-L-pp2-1F1B", kind="legit", label="PP 2", caught=None, false_reject=False, rejected=False,
+                       fired=[], checks=[], steps_used=20, mode="paired", seconds=1.0)
+    report = EvalReport(faults=1, caught=1, caught_runtime=1, caught_config_only=0, legit=1, false_rejects=0,
+                        numerics=0, numerics_rejected=0, steps=20, seed=0, seconds=1.0, per_case=[case, legit],
                         trainer="torchtitan", suite="historical")
     text = historical_table(report)
     assert f"[transformers#5605]({bug['tracker']})" in text and "| yes | data, curve | 11 | 20 |" in text and "bugs caught: 1/1" in text
+    assert "| passed (legit) |" in text and "legitimate changes passed: 1/1" in text
 
 
 @needs_torchtitan
@@ -242,3 +263,30 @@ def test_a_crashed_case_is_neither_caught_nor_passed(monkeypatch, tmp_path):
                         per_case=[result], trainer="torchtitan", gpu_hours=0.0, suite="torchtitan",
                         noise="none", replicates=2)
     assert "1 crashed (not counted)" in ev.table(report) and "**crashed**" in ev.table(report)
+
+
+def test_one_seed_checkpoint_serves_every_base_of_a_model(tmp_path):
+    """The seed run is made once per model: a case whose base changes a training field (HF-23986's
+    40-step schedule) loads the checkpoint the suite's base made; its cost is charged once."""
+    from attune.gate.torchtitan_runs import SEED, TorchtitanGateRunner
+    from attune.stacks.base import TrialStatus
+    from attune.stacks.torchtitan.runner import RunOutcome
+    from attune.stacks.torchtitan.stack import TorchtitanStack
+    made = []
+
+    def executor(launch, log_path, limits, workdir):
+        made.append(launch.argv)
+        (workdir / "outputs" / "checkpoint" / "step-0").mkdir(parents=True)
+        return RunOutcome(status=TrialStatus.CRASH, returncode=0, wall_time_s=36.0, steps=[], message="",
+                          log_path=str(log_path))
+
+    runner = TorchtitanGateRunner(TorchtitanStack(executor=executor, validate=False), tmp_path)
+    base = base_recipe("historical")
+    longer = case_base(base, next(c for c in CASES if c.get("base_set", {}).get("training.steps")))
+    for recipe in (base, longer):
+        seed = plan_runs(recipe, recipe, 20, 0)[SEED]
+        assert runner.run(seed, SEED).ok
+    assert len(made) == 1 and runner.gpu_hours == pytest.approx(36.0 / 3600)   # one process, once
+    argv = made[0]
+    assert "--checkpoint.create_seed_checkpoint" in argv and argv[argv.index("--nproc-per-node") + 1] == "1"
+    assert any(a.startswith("attune.stacks.torchtitan.seed_init.seeded_weights=") for a in argv)

@@ -1,5 +1,6 @@
 """Layout rules and lever moves with their compensations."""
 
+import numpy as np
 import pytest
 
 from attune.errors import InputError
@@ -121,3 +122,98 @@ def test_adapt_to_a_smaller_cluster_halves_what_no_longer_fits():
     layout = resolve_layout(new, catalog_model("llama3.1-405b"), H100_8)
     assert layout.world == 8 and layout.global_batch == 16
     assert DP_SHARD in changes and (TP in changes or PP in changes)
+
+
+# ---- the pipeline micro-batch rule (torch 2.13's schedule constructors) -------------------------
+
+PP_KEYS = {"pp": "parallelism.pipeline_parallel_degree", "schedule": "parallelism.pipeline_parallel_schedule",
+           "mb": "parallelism.pipeline_parallel_microbatch_size"}
+
+
+def _piped(pp, schedule, local, mb=1, gpus=8, **more):
+    config = {PP_KEYS["pp"]: pp, PP_KEYS["schedule"]: schedule, PP_KEYS["mb"]: mb, LOCAL_BATCH: local,
+              GLOBAL_BATCH: local * gpus // pp, "activation_checkpoint.mode": "full"} | more
+    return resolve_layout(config, LLAMA8, ClusterSpec(accelerator="h100", gpus=gpus))
+
+
+def test_1f1b_needs_at_least_as_many_pipeline_microbatches_as_stages():
+    # torch: "Number of microbatches (2) must be greater than or equal to the number of stages (4)"
+    with pytest.raises(InputError) as err:
+        _piped(4, "1F1B", local=4, mb=2)
+    assert err.value.field == PP_KEYS["mb"]
+    assert "1F1B needs at least pp=4 pipeline micro-batches" in err.value.rule and "= 2" in err.value.rule
+    assert _piped(4, "1F1B", local=4).n_microbatches == 4           # exactly pp runs
+
+
+def test_interleaved_schedules_need_whole_rounds_and_gpipe_zbv_take_any_count():
+    # torch: rounds = max(1, n // pp); n must be a multiple of it (pp 4: 9 -> 2 rounds, refused)
+    for schedule in ("Interleaved1F1B", "InterleavedZeroBubble"):
+        with pytest.raises(InputError) as err:
+            _piped(4, schedule, local=9)
+        assert err.value.field == PP_KEYS["mb"] and "whole rounds" in err.value.rule
+        assert _piped(4, schedule, local=10).n_microbatches == 10   # 2 rounds of 5
+        assert _piped(4, schedule, local=3).n_microbatches == 3     # fewer than pp: one round
+    for schedule in ("GPipe", "ZBVZeroBubble"):
+        assert _piped(4, schedule, local=1).n_microbatches == 1
+
+
+def test_zero_bubble_schedules_refuse_compile_and_selective_recomputation():
+    # torch 2.13 splits their backward in two: compiled stages are refused, selective AC backwards twice
+    for schedule in ("ZBVZeroBubble", "InterleavedZeroBubble"):
+        for more in ({"compile.enable": True}, {"activation_checkpoint.mode": "selective"}):
+            with pytest.raises(InputError) as err:
+                _piped(2, schedule, local=2, **more)
+            assert err.value.field == PP_KEYS["schedule"] and schedule in err.value.rule
+        assert _piped(2, schedule, local=2, **{"activation_checkpoint.mode": "none"}).pp == 2
+    assert _piped(2, "1F1B", local=2, **{"compile.enable": True, "activation_checkpoint.mode": "selective"}).pp == 2
+    # without a pipeline the schedule is inert: nothing to refuse
+    assert resolve_layout({PP_KEYS["schedule"]: "ZBVZeroBubble", "compile.enable": True}, LLAMA8, H100_8).pp == 1
+
+
+def test_without_pipelining_the_schedule_asks_nothing_of_the_batch():
+    assert resolve_layout({PP_KEYS["schedule"]: "1F1B", LOCAL_BATCH: 1}, LLAMA8, H100_8).n_microbatches == 1
+
+
+def _shipped_recipes():
+    """Every recipe the project ships: recipes/, the benchmarks' recipes, the leaderboard's entries."""
+    import json
+    import tomllib
+    from pathlib import Path
+    from attune.recipe import load_recipe, recipe_from_dict
+    root = Path(__file__).resolve().parents[1]
+    files = sorted(root.glob("recipes/**/*.toml")) + sorted(root.glob("benchmarks/**/*.toml"))
+    out = [(str(p.relative_to(root)), load_recipe(p)) for p in files if "[config]" in p.read_text()]
+    for entry in sorted(root.glob("leaderboard/recipes/**/entry.json")):
+        out.append((str(entry.relative_to(root)), recipe_from_dict(tomllib.loads(json.loads(entry.read_text())["recipe_toml"]))))
+    assert len(out) >= 30
+    return out
+
+
+@pytest.mark.parametrize("name, recipe", _shipped_recipes(), ids=lambda x: x if isinstance(x, str) else "")
+def test_every_shipped_recipe_keeps_every_layout_rule(name, recipe):
+    """The scalar rules, the vectorised ones and the domain pre-filter all accept the recipe as written."""
+    from attune.layout import layout_violations, microbatch_rule
+    from attune.sim.arrays import from_layouts
+    from attune.sim.space_arrays import valid_mask
+    from attune.space import lever_domains
+    layout = recipe.layout()
+    assert layout_violations(layout, recipe.architecture, recipe.cluster) == []
+    assert bool(valid_mask(recipe, from_layouts([layout]))[0])
+    if layout.pp > 1:
+        rule = microbatch_rule(layout.pp_schedule)
+        assert rule is None or rule.ok(layout.n_microbatches, layout.pp)
+        if "parallelism.pipeline_parallel_degree" not in recipe.search:
+            assert layout.pp in lever_domains(recipe)["parallelism.pipeline_parallel_degree"]
+
+
+def test_a_recipe_is_a_point_of_its_own_space_even_off_the_catalog_values():
+    from attune.recipe import load_recipe
+    from attune.sim.arrays import from_layouts
+    from attune.sim.space_arrays import space_arrays   # = iter_layouts (tests/test_sim_space.py), fast
+    from attune.space import lever_domains
+    recipe = load_recipe("recipes/moe/deepseek_v3_671b_pp16.toml")     # local batch 128: not a catalog value
+    assert recipe.layout().local_batch == 128 and 128 in lever_domains(recipe)[LOCAL_BATCH]
+    space, base = space_arrays(recipe), from_layouts([recipe.layout()])
+    columns = ("tp", "pp", "cp", "ep", "dpr", "dps", "lb", "sched", "mb", "ac", "comp", "f8")
+    same = np.logical_and.reduce([getattr(space, c) == getattr(base, c)[0] for c in columns])
+    assert same.sum() == 1

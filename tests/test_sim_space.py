@@ -30,6 +30,8 @@ def _key(layout):
     _recipe("llama3.1-8b", "a100", 8, training__global_batch_size=16),                         # dense, no float8
     _recipe("deepseek-v3-16b", "a100", 8, training__global_batch_size=16, training__seq_len=2048),  # MoE, EP rules
     _recipe("qwen3-30b-a3b", "h100", 4, training__global_batch_size=8),                        # 4 kv heads, float8
+    # pipelines of 2-16 stages with 1-128 micro-batches: every schedule's micro-batch rule in play
+    _recipe("llama3.1-8b", "h100", 16, training__global_batch_size=256),
 ], ids=lambda r: r.name)
 def test_vectorised_space_equals_iter_layouts(recipe):
     reference = [_key(x) for x in iter_layouts(recipe)]

@@ -49,8 +49,10 @@ def test_trial_trains_the_debug_model_on_cpu(tmp_path, processes):
         recipe = recipe.on_cluster(parse_cluster_flag("cpu:1", recipe.cluster))
     stack = TorchtitanStack(warmup_steps=1)
     result = stack.run_trial(recipe, steps=3, seed=0, workdir=tmp_path)
-    assert result.status == TrialStatus.OK, result.message
+    assert result.status == TrialStatus.OK, result.message   # ok: the layout read back is the one asked for
     assert [s.step for s in result.steps] == [1, 2, 3, 4]
+    assert (tmp_path / "outputs" / "config.json").is_file()         # torchtitan's resolved config, read back
+    assert any((tmp_path / "torchelastic").iterdir())                # torchrun's logs: here, not /tmp/torchelastic_*
     losses = [s.loss for s in result.steps]
     assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]  # it learns
     assert math.log(2048) - 1 < losses[0] < math.log(2048) + 1              # from a near-uniform start
@@ -90,7 +92,7 @@ def test_a_process_above_the_cpu_clusters_memory_is_an_out_of_memory_trial(tmp_p
 @needs_torchtitan
 def test_gate_on_real_torchtitan_curves(tmp_path, cli):
     proc = cli("gate", "eval", "--stack", "torchtitan", "--only", "T-L01_microbatch_1,T-F01_lr_doubled",
-               "--steps", "6", "--workdir", tmp_path, "--json")
+               "--steps", "6", "--workdir", tmp_path, "--json", timeout=1200)
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout)
     assert report["trainer"] == "torchtitan" and report["gpu_hours"] > 0
@@ -101,6 +103,10 @@ def test_gate_on_real_torchtitan_curves(tmp_path, cli):
     # the curves the verdict read are real torchtitan records: one per step, per run
     curve = next(tmp_path.rglob("candidate.csv")).read_text().splitlines()
     assert len(curve) == 1 + 6
+    # every run started from the one seed checkpoint the eval made (one process, charged like the others)
+    (seed,) = tmp_path.glob("seeds/*/outputs/checkpoint/step-0")
+    launches = [json.loads(p.read_text())["argv"] for p in tmp_path.glob("runs/*/launch.json")]
+    assert len(launches) == 4 and all(a[a.index("--checkpoint.initial_load_path") + 1] == str(seed) for a in launches)
 
 
 def test_the_gate_reserve_pays_for_real_runs_only_on_torchtitan(tmp_path):
@@ -118,8 +124,11 @@ def test_the_gate_reserve_pays_for_real_runs_only_on_torchtitan(tmp_path):
     levers = recipe.layout().levers() | {"training.local_batch_size": 4}
     runs = plan_runs(recipe, real.trial_recipe(levers), 10, seed=0)
     one_run = recipe.cluster.gpus * real.stack.estimate_wall_time_s(recipe, 10) / 3600
+    seed = runs.pop("seed")   # the seed checkpoint: one process, no steps, reserved like the others
+    assert seed.makes_seed and seed.recipe.cluster.gpus == 1
+    seed_run = real.stack.estimate_wall_time_s(seed.recipe, 0) / 3600
     assert gate_trainer(real) == "torchtitan"
-    assert gate_reserve(real, levers) == pytest.approx(len(runs) * one_run, rel=0.2)
+    assert gate_reserve(real, levers) == pytest.approx(len(runs) * one_run + seed_run, rel=0.2)
     # a search trial must leave its confirmation replicate and its gate
     assert confirm_reserve(real, levers) == pytest.approx(real.estimated_cost(levers) + gate_reserve(real, levers))
     # fitted to this budget (the gate's runs counted from the start), the first search trial keeps no

@@ -24,7 +24,9 @@ ENDPOINT = "head-node:29500"
 # Lever moves whose launches are pinned too: (recipe, moves, golden name).
 MOVES = [
     ("llama3_8b", {"activation_checkpoint.mode": "full", "parallelism.tensor_parallel_degree": 2}, "llama3_8b-ac_full-tp2"),
-    ("llama3_8b", {"parallelism.pipeline_parallel_degree": 2, "compile.enable": True}, "llama3_8b-pp2-compile"),
+    # pp 2 needs 2 micro-batches under 1F1B (local batch 1 has one): local batch 2, so dp 32 at accumulation 1
+    ("llama3_8b", {"parallelism.pipeline_parallel_degree": 2, "training.local_batch_size": 2, "compile.enable": True},
+     "llama3_8b-pp2-local2-compile"),
     ("llama3_405b", {"quantize.float8": "none", "compile.enable": False}, "llama3_405b-no_float8-no_compile"),
     ("qwen3_30b_a3b", {"parallelism.expert_parallel_degree": 8, "quantize.float8": "rowwise"}, "qwen3_30b_a3b-ep8-float8"),
 ]

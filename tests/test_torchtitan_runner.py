@@ -101,8 +101,9 @@ def test_missing_program_is_a_crash_not_an_exception(tmp_path):
     assert outcome.status == TrialStatus.CRASH and "could not start" in outcome.message
 
 
-def _local_recipe(tmp_path):
-    """A one-GPU llama3 debug-model recipe (the stack refuses multi-node launches locally)."""
+def _local_recipe(tmp_path, pp: int = 1):
+    """A one-GPU llama3 debug-model recipe (the stack refuses multi-node launches locally); pp > 1
+    puts it on pp GPUs of one node."""
     spec = tmp_path / "debug.json"
     spec.write_text('{"name": "llama3-debug", "n_layers": 6, "dim": 256, "n_heads": 16, "n_kv_heads": 16, '
                     '"head_dim": 16, "ffn_dim": 768, "vocab_size": 2048}')
@@ -112,7 +113,7 @@ def _local_recipe(tmp_path):
         model_spec = "{spec}"
         [cluster]
         accelerator = "h100"
-        gpus = 1
+        gpus = {pp}
         [stack]
         torch = "2.13.0"
         torchtitan = "0.3.0"
@@ -123,8 +124,35 @@ def _local_recipe(tmp_path):
         "training.local_batch_size" = 8
         "training.seq_len" = 2048
         "activation_checkpoint.mode" = "selective"
+        "parallelism.pipeline_parallel_degree" = {pp}
     '''))
     return load_recipe(path)
+
+
+def report_layout(layout, log_path: Path, workdir: Path, **ran) -> None:
+    """What torchtitan 0.3 writes about the layout it resolved (its log lines and saved config, the
+    formats of tests/golden/readback/, a real run's records), for `layout` with `ran` changes."""
+    import json
+    v = {"pp": layout.pp, "dpr": layout.dp_replicate, "dps": layout.dp_shard, "cp": layout.cp, "tp": layout.tp,
+         "ep": layout.ep, "local": layout.local_batch, "glob": layout.global_batch, "accum": layout.grad_accum,
+         "seq": layout.seq_len, "ac": {"full": "FullAC", "selective": "SelectiveAC"}.get(layout.ac_mode),
+         "schedule": layout.pp_schedule, "mb": layout.pp_microbatch, "compile": layout.compile} | ran
+    prefix = "[rank0]:[titan] 2026-12-02 10:00:00,000 - root - INFO - "
+    lines = [f"Building device mesh with parallelism: pp={v['pp']}, dp_replicate={v['dpr']}, dp_shard={v['dps']}, "
+             f"cp={v['cp']}, tp={v['tp']}, ep={v['ep']}"]
+    if v["ac"]:
+        lines.append(f"Applied {v['ac']} activation checkpointing to the model")
+    if v["pp"] > 1:
+        lines.append(f"Using pipeline schedule {v['schedule']} with {v['local'] // v['mb']} microbatches and "
+                     f"{v['pp']} stages.")
+    lines.append(f"Trainer is initialized with local batch size {v['local']}, global batch size {v['glob']}, "
+                 f"gradient accumulation steps {v['accum']}, sequence length {v['seq']}, total steps 7 (warmup 2)")
+    with log_path.open("a") as log:
+        log.write("".join(prefix + line + "\n" for line in lines))
+    config = {"parallelism": {"pipeline_parallel_schedule": v["schedule"], "pipeline_parallel_microbatch_size": v["mb"]},
+              "training": {"local_batch_size": v["local"]}, "compile": {"enable": v["compile"]}}
+    (workdir / "outputs").mkdir(parents=True, exist_ok=True)
+    (workdir / "outputs" / "config.json").write_text(json.dumps(config))
 
 
 def test_stack_runs_a_trial_and_charges_gpus_times_wall_time(fake, tmp_path):
@@ -132,7 +160,9 @@ def test_stack_runs_a_trial_and_charges_gpus_times_wall_time(fake, tmp_path):
 
     def executor(launch, log_path, limits, workdir):
         seen["launch"] = launch
-        return run_process([sys.executable, str(fake), "ok", "0.01"], launch.env, log_path, limits)
+        outcome = run_process([sys.executable, str(fake), "ok", "0.01"], launch.env, log_path, limits)
+        report_layout(recipe.layout(), log_path, workdir)
+        return outcome
 
     stack = TorchtitanStack(executor=executor, warmup_steps=2, validate=False, smoke_assets=True)
     recipe = _local_recipe(tmp_path)
@@ -152,6 +182,50 @@ def test_stack_runs_a_trial_and_charges_gpus_times_wall_time(fake, tmp_path):
     # slower than its wall time) and the step time of this launch, instead of the 120 s prior
     assert TorchtitanStack().estimate_wall_time_s(recipe, 5) > 120
     assert stack.estimate_wall_time_s(recipe, 5) == pytest.approx(1.25 * 7 * result.step_time_s)
+    assert argv[argv.index("--debug.save_config_file") + 1] == "config.json"   # read back after the run
+    # torchrun's per-rank logs stay in the trial's folder: nothing left under /tmp
+    assert argv[argv.index("--log-dir") + 1] == str((tmp_path / "trial" / "torchelastic").resolve())
+    assert argv.index("--log-dir") < argv.index("-m")
+
+
+def test_a_trial_whose_run_trained_another_layout_is_refused_naming_both(fake, tmp_path):
+    """The bug this guards against: the run trains a layout other than the trial's (a schedule
+    left to torchtitan's recipe default), and the trial would have recorded the one it asked for."""
+    def executor(launch, log_path, limits, workdir):
+        outcome = run_process([sys.executable, str(fake), "ok", "0.01"], launch.env, log_path, limits)
+        report_layout(recipe.layout(), log_path, workdir, schedule="Interleaved1F1B")
+        return outcome
+
+    stack = TorchtitanStack(executor=executor, warmup_steps=2, validate=False, smoke_assets=True)
+    recipe = _local_recipe(tmp_path, pp=2)
+    result = stack.run_trial(recipe, steps=5, seed=0, workdir=tmp_path / "trial")
+    assert result.status == TrialStatus.LAYOUT_MISMATCH and not result.ok
+    assert "parallelism.pipeline_parallel_schedule ran 'Interleaved1F1B', requested '1F1B'" in result.message
+    assert result.tokens_per_sec_per_gpu is None and result.wall_time_s > 0   # nothing measured; the time was spent
+    # a run whose records give no layout at all is refused too: never recorded unread
+    bare = TorchtitanStack(executor=lambda launch, log_path, limits, workdir: run_process(
+        [sys.executable, str(fake), "ok", "0.01"], launch.env, log_path, limits), warmup_steps=2, validate=False,
+        smoke_assets=True).run_trial(recipe, steps=5, seed=0, workdir=tmp_path / "bare")
+    assert bare.status == TrialStatus.LAYOUT_MISMATCH and "could not be read back" in bare.message
+
+
+def test_the_records_of_a_real_run_that_trained_another_schedule_name_both():
+    """A real torchtitan 0.3 run (2 CPU processes, before the renderer passed every lever): a PP=2
+    trial recorded 1F1B while torchtitan ran its recipe's Interleaved1F1B. Its saved config and log
+    (tests/golden/readback/, trimmed) read back as what ran; the trial's request is refused."""
+    from attune.stacks.torchtitan import readback
+    recipe = load_recipe(REPO / "recipes/cpu/llama3_debug.toml")
+    asked = recipe.with_config(dict(recipe.config) | {"parallelism.pipeline_parallel_degree": 2}).layout()
+    golden = REPO / "tests/golden/readback"
+    config, log = golden / "pp2-interleaved-ran.config.json", golden / "pp2-interleaved-ran.log"
+    seen = readback.ran(config, log)
+    assert seen["parallelism.pipeline_parallel_schedule"] == "Interleaved1F1B" and seen["pipeline micro-batches"] == 2
+    assert seen["parallelism.data_parallel_shard_degree"] == 1 and seen["activation_checkpoint.mode"] == "full"
+    assert readback.mismatches(asked, seen) == [
+        "parallelism.pipeline_parallel_schedule ran 'Interleaved1F1B', requested '1F1B'"]
+    ran = recipe.with_config(dict(recipe.config) | {"parallelism.pipeline_parallel_degree": 2,
+                                                    "parallelism.pipeline_parallel_schedule": "Interleaved1F1B"})
+    assert readback.check(ran.layout(), config, log) is None
 
 
 def test_stack_reports_refused_launches_without_charging(tmp_path):
@@ -174,3 +248,18 @@ def test_local_executor_refuses_multi_node(tmp_path, monkeypatch):
     result = TorchtitanStack(validate=False).run_trial(load_recipe(REPO / "recipes/public/llama3_405b.toml"), 5, 0,
                                                       tmp_path)
     assert result.status == TrialStatus.CRASH and "work pool" in result.message
+
+
+def test_a_run_that_ended_early_is_held_to_what_it_resolved(tmp_path):
+    """An out-of-memory run says what it ran as far as it got: the mesh, not the trainer's batch
+    line. It keeps its own status when that much matches, and is a mismatch when it does not."""
+    from attune.stacks.torchtitan import readback
+    recipe = load_recipe(REPO / "recipes/cpu/llama3_debug.toml")
+    log = tmp_path / "train.log"
+    log.write_text("[rank0]:[titan] 2026-12-07 10:00:00,000 - root - INFO - Building device mesh with parallelism: "
+                   "pp=1, dp_replicate=1, dp_shard=2, cp=1, tp=1, ep=1\n")
+    assert readback.check(recipe.layout(), None, log, complete=False) is None
+    assert "not read back" in readback.check(recipe.layout(), None, log, complete=True)
+    tp2 = recipe.with_config(dict(recipe.config) | {"parallelism.tensor_parallel_degree": 2}).layout()
+    assert "parallelism.tensor_parallel_degree ran 1, requested 2" in readback.check(tp2, None, log, complete=False)
+    assert readback.check(recipe.layout(), None, tmp_path / "none.log", complete=False) is None   # resolved nothing

@@ -28,7 +28,7 @@ VALID = {f"public:{p.stem}": train_args(load_recipe(p)) for p in PUBLIC} | {
                                                              "compile.enable": True})),
     "16b float8 + full ac": train_args(_moved("deepseek_v3_16b", {"quantize.float8": "rowwise",
                                                                   "activation_checkpoint.mode": "full"})),
-    "8b pp2": train_args(_moved("llama3_8b", {"parallelism.pipeline_parallel_degree": 2})),
+    "8b pp2": train_args(_moved("llama3_8b", {"parallelism.pipeline_parallel_degree": 2, "training.local_batch_size": 2})),
     "405b float8 off, no compile": train_args(_moved("llama3_405b", {"quantize.float8": "none",
                                                                       "compile.enable": False})),
     "qwen3 ep8": train_args(_moved("qwen3_30b_a3b", {"parallelism.expert_parallel_degree": 8})),

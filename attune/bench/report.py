@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -118,19 +119,31 @@ def markdown(rows: list[dict], checks: list[dict], meta: dict, oracle: dict[str,
     return "\n".join(parts) + "\n"
 
 
+PANEL_COLUMNS = 3   # a grid a README page can show at a readable size (one row of five was not)
+
+
 def plot(cells: list[dict], oracle: dict[str, dict], path: Path, include_ablations: bool = False) -> Path:
-    """One panel per recipe: incumbent ground-truth throughput / oracle vs GPU-hours, per planner;
-    dashed: the oracle, dotted: the best layout the gate passes without a numerics change."""
+    """One panel per recipe in a grid of PANEL_COLUMNS: incumbent ground-truth throughput / oracle vs
+    GPU-hours, per planner; dashed: the oracle, dotted: the best layout the gate passes without a
+    numerics change. One legend for all panels (a planner has the same colour in each), in the grid's
+    spare cell or below it."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     recipes = list(dict.fromkeys(c["recipe"] for c in cells))
-    fig, axes = plt.subplots(1, len(recipes), figsize=(5.2 * len(recipes), 4.2), squeeze=False)
+    cols = min(PANEL_COLUMNS, len(recipes))
+    rows = -(-len(recipes) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.7 * rows + 0.6), squeeze=False)
+    planners = list(dict.fromkeys(c["planner"] for c in cells if include_ablations
+                                  or not c["planner"].startswith(ABLATION_PREFIX)))
+    colour = {planner: f"C{i % 10}" for i, planner in enumerate(planners)}
+    legend: dict[str, Any] = {}
+
     def best_of(c: dict) -> float | None:
         return (oracle.get(oracle_key(c["recipe"], c["cluster_seed"])) or {}).get("tokens_per_sec_per_gpu")
 
-    for ax, recipe in zip(axes[0], recipes):
+    for ax, recipe in zip(axes.flat, recipes):
         mine = [c for c in cells if c["recipe"] == recipe and not c.get("error") and best_of(c)]
         if not mine:
             ax.set_title(f"{recipe}\n(no data)")
@@ -148,21 +161,29 @@ def plot(cells: list[dict], oracle: dict[str, dict], path: Path, include_ablatio
                 m = np.nanmean(curves, axis=0)
             bands = np.array([ci95([v for v in col if not np.isnan(v)]) if np.any(~np.isnan(col)) else [np.nan] * 2
                               for col in curves.T])
-            line, = ax.step(grid, m, where="post", label=planner, lw=1.8)
-            ax.fill_between(grid, bands[:, 0], bands[:, 1], step="post", alpha=0.18, color=line.get_color())
-        ax.axhline(1.0, color="k", lw=0.8, ls="--")
+            legend[planner], = ax.step(grid, m, where="post", label=planner, lw=1.8, color=colour[planner])
+            ax.fill_between(grid, bands[:, 0], bands[:, 1], step="post", alpha=0.18, color=colour[planner])
+        legend["oracle"] = ax.axhline(1.0, color="k", lw=0.8, ls="--", label="oracle")
         shares = [((oracle.get(oracle_key(recipe, c["cluster_seed"])) or {}).get("exact") or {}).get("tokens_per_sec_per_gpu", 0.0)
                   / best_of(c) for c in mine if c["planner"] == mine[0]["planner"]]
         if any(shares):   # the best layout a campaign can ship today (no numerics change), mean over clusters
-            ax.axhline(float(np.mean(shares)), color="0.4", lw=0.8, ls=":", label="best shippable layout")
+            legend["best shippable layout"] = ax.axhline(float(np.mean(shares)), color="0.4", lw=0.8, ls=":",
+                                                         label="best shippable layout")
         ax.set_title(recipe, fontsize=10)
-        ax.set_xlabel("GPU-hours spent")
-        ax.set_ylabel("incumbent throughput / oracle (ground truth)")
+        ax.set_xlabel("GPU-hours spent", fontsize=9)
+        ax.set_ylabel("incumbent / oracle throughput", fontsize=9)
         ax.set_xlim(0, budget)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="upper left")
-    fig.suptitle(f"Best-so-far throughput vs GPU-hours\n({SIM})", fontsize=10)
-    fig.tight_layout()
+    spare = list(axes.flat)[len(recipes):]
+    for ax in spare:
+        ax.axis("off")
+    if spare:   # the legend fills the grid's first empty cell
+        spare[0].legend(legend.values(), legend.keys(), loc="center", fontsize=9, frameon=False)
+    else:
+        fig.legend(legend.values(), legend.keys(), loc="lower center", ncol=min(4, len(legend)), fontsize=9,
+                   frameon=False)
+    fig.suptitle(f"Best-so-far throughput vs GPU-hours ({SIM}; y: ground truth)", fontsize=10)
+    fig.tight_layout(rect=(0, 0 if spare else 0.08, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)

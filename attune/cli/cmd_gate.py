@@ -22,6 +22,7 @@ from pathlib import Path
 
 from attune.cli.common import emit
 from attune.errors import InputError
+from attune.files import atomic_write_text
 from attune.recipe import load_recipe
 
 _CHECK_ONLY = ("baseline", "candidate", "curves", "proxy", "pairing", "workdir")
@@ -70,8 +71,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     gate.add_argument("--stack", choices=("sim", "torchtitan"), default="sim", metavar="STACK",
                       help="whose runs the convergence check reads: sim = the CPU proxy (default), "
                            "torchtitan = real torchtitan runs of the recipes")
-    gate.add_argument("--workdir", metavar="DIR", help="where --proxy / --stack torchtitan / eval write curves and plots "
-                                                         "(default: ./gate-run; eval: a temporary folder)")
+    gate.add_argument("--workdir", "--out", dest="workdir", metavar="DIR",
+                      help="where the verdict goes: gate_report.json and the plot gate.png (check), and the curves "
+                           "--proxy / --stack torchtitan / eval train (default: ./gate-run; eval: a temporary "
+                           "folder); never the --curves folder, which is only read")
     gate.add_argument("--steps", type=int, metavar="N",
                       help="steps per run (proxy: 40, eval --quick 12; torchtitan: 20, eval --quick 8)")
     gate.add_argument("--quick", action="store_true", help="eval: a small subset at few steps (for tests)")
@@ -132,9 +135,8 @@ def _check(args: argparse.Namespace) -> int:
         report = verify(baseline, candidate, Path(args.workdir or "gate-run"), steps=args.steps, seed=args.seed or 0)
     else:
         config = check_config(baseline, candidate)
-        if args.curves:
-            verdict = check_convergence(Path(args.curves), Path(args.workdir) if args.workdir else None,
-                                        infer_pairing=args.pairing != "off")
+        if args.curves:   # the plot goes beside the report, not into the user's curves folder
+            verdict = check_convergence(Path(args.curves), _out(args), infer_pairing=args.pairing != "off")
             outcome = verdict.verdict if config.passed else "failed"
             note = verdict.reason if config.passed else "config check failed; convergence: " + verdict.reason
             report = GateReport(passed=outcome == "passed", verdict=outcome, config=config, convergence=verdict,
@@ -145,8 +147,16 @@ def _check(args: argparse.Namespace) -> int:
             if numerics:
                 note += "; a numerics change needs the convergence check (--curves DIR or --proxy)"
             report = GateReport(passed=config.passed and not numerics, config=config, convergence=None, note=note)
+    if args.curves or args.proxy or args.stack == "torchtitan":
+        atomic_write_text(_out(args) / "gate_report.json", json.dumps(report.model_dump(mode="json"), indent=1))
     emit(report.model_dump(mode="json"), args.json, _text(report))
     return EXIT[report.verdict]
+
+
+def _out(args: argparse.Namespace) -> Path:
+    out = Path(args.workdir or "gate-run")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
 
 
 def _say(_args: argparse.Namespace):

@@ -13,11 +13,15 @@ from collections.abc import Iterator
 import numpy as np
 
 from attune.layout import (AC_MODE, COMPILE, CP, DP_REPLICATE, EP, FLOAT8, LOCAL_BATCH, PP, PP_MICROBATCH,
-                           PP_SCHEDULE, TP)
+                           PP_SCHEDULE, TP, microbatch_rule)
 from attune.levers import lever
 from attune.recipe import Recipe
 from attune.sim.arrays import AC_MODES, FLOAT8_MODES, SCHEDULES, LayoutArrays, from_columns, stages_per_rank
 from attune.space import lever_domains
+
+
+# Choice and bool levers as LayoutArrays columns: the column and the code a value has there.
+_COLUMNS = {COMPILE: ("comp", bool), AC_MODE: ("ac", AC_MODES.index), FLOAT8: ("f8", FLOAT8_MODES.index)}
 
 
 def _inner_grid(d: dict, piped: bool) -> dict[str, np.ndarray]:
@@ -48,6 +52,13 @@ def valid_mask(recipe: Recipe, la: LayoutArrays) -> np.ndarray:
     ok &= (model.n_heads % la.tp == 0) & (model.n_kv_heads % la.tp == 0)
     ok &= la.pp * stages_per_rank(la.pp, la.sched) <= model.n_layers
     ok &= (la.pp == 1) | (la.lb % la.mb == 0)
+    for code, schedule in enumerate(SCHEDULES):   # the schedule's micro-batch rule (attune.layout.MICROBATCH_RULES)
+        rule = microbatch_rule(schedule)
+        if rule is not None:
+            ok &= (la.pp == 1) | (la.sched != code) | rule.ok(la.lb // np.maximum(la.mb, 1), la.pp)
+        for key, value in lever(PP_SCHEDULE).excludes.get(schedule, {}).items():   # values it cannot run with
+            column, code_of = _COLUMNS[key]
+            ok &= (la.pp == 1) | (la.sched != code) | (getattr(la, column) != code_of(value))
     ok &= (la.seq % la.cp == 0) & ((la.cp == 1) | (la.seq % (la.cp * lever(CP).seq_block) == 0))
     if model.is_moe:
         ok &= (la.ep == 1) | ((model.n_experts % la.ep == 0) & ((la.dps * la.cp * la.tp) % la.ep == 0))

@@ -21,6 +21,9 @@ class TrialStatus(str, Enum):
     NCCL_ERROR = "nccl_error"
     TIMEOUT = "timeout"
     CRASH = "crash"
+    # the run trained another layout than the one asked for (attune/stacks/torchtitan/readback.py):
+    # never recorded as a measurement of the requested one, and not retried (it would run the same)
+    LAYOUT_MISMATCH = "layout_mismatch"
 
 
 class StepMetrics(BaseModel):

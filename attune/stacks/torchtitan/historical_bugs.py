@@ -16,6 +16,9 @@ checkpoint would (model, optimizer and schedule state are restored exactly by a 
 the data position was wrong). R is half the run's steps, read from the gate run's settings file
 (recorder.SETTINGS_ENV), so a doubled run resumes at its own middle.
 
+The pipeline bugs (TT-1733, TT-596, TT-2972) act on the schedule torchtitan builds or on its
+clipping across stages, so their cases run the candidate at pipeline parallelism 2.
+
 Imports torch and torchtitan only (it runs inside the training processes).
 """
 
@@ -33,6 +36,7 @@ import torch.distributed as dist
 from torchtitan.components.loss import IGNORE_INDEX, ChunkedLossWrapper
 from torchtitan.components.optimizer import LRSchedulersContainer
 from torchtitan.config import derive, override
+from torchtitan.distributed import pipeline_parallel as tt_pipeline
 from torchtitan.distributed import utils as tt_dist_utils
 from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataset
 from torchtitan.tools.profiler import Profiler
@@ -241,6 +245,100 @@ def padded_labels(cfg):
     return cfg
 
 
+# ---- the pipeline bugs: each edits the schedule torchtitan builds (pipeline_parallel.py) ------------
+
+def _patch_schedule(edit) -> None:
+    """Every pipeline schedule torchtitan builds goes through edit(schedule) (pipeline_llm looks
+    _build_pipeline_schedule up in its module at call time)."""
+    original = tt_pipeline._build_pipeline_schedule
+
+    def _build_pipeline_schedule(*args, **kwargs):
+        schedule = original(*args, **kwargs)
+        edit(schedule)
+        return schedule
+
+    tt_pipeline._build_pipeline_schedule = _build_pipeline_schedule
+
+
+def _stages(schedule) -> list:
+    return list(getattr(schedule, "_stages", None) or [schedule._stage])
+
+
+def _wrap_step(schedule, before=None, around=None) -> None:
+    """schedule.step (this instance) with `before(schedule)` run first, or replaced by
+    `around(original_step, *args, **kwargs)`."""
+    original = schedule.step
+
+    def step(*args, **kwargs):
+        if around is not None:
+            return around(original, *args, **kwargs)
+        before(schedule)
+        return original(*args, **kwargs)
+
+    schedule.step = step
+
+
+# TT-1733: torchtitan 0.1 left the schedule's scale_grads=True, whose end-of-step division by
+# n_microbatches runs over every gradient the parameters hold; under gradient accumulation the trainer
+# steps the schedule once per accumulation step, so each step divides again what the earlier ones
+# accumulated (0.1 normalised each step's loss per micro-batch, which that division undid for the
+# fresh gradient only): after G steps g_1/n^(G-1) + ... + g_G, an average that forgets, not a sum.
+
+@torch.no_grad()
+def rescale_accumulated(schedule) -> None:
+    """What scale_grads=True did to the gradients earlier schedule steps left: divided by n again."""
+    n = schedule._n_microbatches
+    for stage in _stages(schedule):
+        for param in stage.submod.parameters():
+            if param.grad is not None:
+                param.grad.div_(n)
+
+
+@override(target=Profiler.Config,
+          description="TT-1733: the pipeline schedule rescales the accumulated gradients at every accumulation step")
+def pipeline_rescales_accumulated_grads(cfg):
+    _patch_schedule(lambda schedule: _wrap_step(schedule, before=rescale_accumulated))
+    return cfg
+
+
+# TT-596: clip_grad_norm_ reduced the norm only over the DTensor mesh dims of the parameters; pipeline
+# stages are separate modules, so each stage clipped with the norm of its own parameters.
+
+@override(target=Profiler.Config,
+          description="TT-596: gradient clipping under PP uses each stage's own norm, not the global one")
+def clip_norm_per_stage(cfg):
+    original = tt_dist_utils.clip_grad_norm_
+
+    def clip_grad_norm_(parameters, max_norm, *args, pp_mesh=None, **kwargs):
+        return original(parameters, max_norm, *args, pp_mesh=None, **kwargs)   # no reduction over stages
+
+    tt_dist_utils.clip_grad_norm_ = clip_grad_norm_
+    return cfg
+
+
+# TT-2972: the PP path handed the schedule no global_valid_tokens, so each micro-batch's backward
+# ran on its raw summed loss, and the trainer divided the returned losses afterwards, for logging
+# only: gradients global_valid_tokens times the non-PP ones, the logged loss unchanged.
+
+def backward_on_raw_sum(original, *args, loss_kwargs=None, losses=None, **kwargs):
+    loss_kwargs = dict(loss_kwargs or {})
+    tokens = loss_kwargs.pop("global_valid_tokens", None)
+    out = original(*args, loss_kwargs=loss_kwargs, losses=losses, **kwargs)
+    if losses is not None and tokens is not None:
+        losses[:] = [loss / tokens for loss in losses]
+    return out
+
+
+@override(target=Profiler.Config,
+          description="TT-2972: under PP the schedule backwards the raw summed loss, normalised only for logging")
+def pipeline_backward_raw_sum(cfg):
+    _patch_schedule(lambda schedule: _wrap_step(schedule, around=backward_on_raw_sum))
+    return cfg
+
+
 BUGS = {"HF-23986": "lr_scheduler_per_process", "HF-5605": "resume_skips_optimizer_steps",
         "TT-3907": "dataloader_restarts_on_resume", "PT-88955": "clip_norm_replicas_summed",
-        "TT-1842": "loss_per_microbatch_mean", "PT-149768": "clip_epsilon_per_rank"}
+        "TT-1842": "loss_per_microbatch_mean", "PT-149768": "clip_epsilon_per_rank",
+        "TT-1733": "pipeline_rescales_accumulated_grads", "TT-596": "clip_norm_per_stage",
+        "TT-2972": "pipeline_backward_raw_sum",
+        "AT-ZBV-NORM": None}   # a bug of the installed stack itself: nothing to restore

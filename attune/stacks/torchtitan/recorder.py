@@ -7,8 +7,9 @@ that comparison to mean something on the real trainer, a gate run fixes what a l
 would otherwise change for reasons that have nothing to do with correctness, and records what the
 loss curve cannot show (gate-study.md: Adam hides constant gradient-scale faults from the loss):
 
-  same weights   every parameter starts from the same seeded draw, by its name, whatever its
-                 sharding (torchtitan's DTensor init draws differently under TP and FSDP)
+  same weights   every run loads the verdict's seed checkpoint (seed_init.py: one process, the
+                 gate's seeded draw by parameter name), resharded to its own layout, so TP, FSDP
+                 and every pipeline stage start from the same weights
   same batches   GateOrderLoader composes each optimizer step's global batch as torchtitan's own
                  loader would at `order_dp` data-parallel ranks, then hands each rank its slice
                  (by rank and accumulation micro-step), so TP/FSDP/HSDP/accumulation moves see
@@ -32,10 +33,15 @@ as GPU replicates do, with the size set by s, and the step-1 records and gradien
 The wrapper is installed at the first forward, after every override has patched what it patches,
 so it runs first on a fault's own clipping as well.
 
+Under pipeline parallelism (settings pp > 1) a rank holds only its stages' parameters and only the
+last stage holds the loss: the step's norms, group norms and sketches are merged across ranks by
+parameter name (each rank's figures are already whole over its data-parallel shards), and the
+loss is the one rank that holds it; rank 0 writes the record as always.
+
 Settings (a JSON file named by ATTUNE_GATE_RUN): record (the JSON-lines file rank 0 writes, one
-line per step), order_dp, global_batch (samples per optimizer step), max_norm, init_seed, noise,
-and steps, accumulation, dp (read by the historical bugs' overrides). Like cpu.py and overrides.py
-it imports torch and torchtitan only.
+line per step), order_dp, global_batch (samples per optimizer step), max_norm, noise, pp, and
+steps, accumulation, dp (read by the historical bugs' overrides). Like cpu.py and overrides.py it
+imports torch and torchtitan only.
 """
 
 from __future__ import annotations
@@ -50,7 +56,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor
 from torch.utils.data import IterableDataset
 
 from torchtitan.components import metrics as tt_metrics
@@ -60,7 +66,6 @@ from torchtitan.distributed import utils as tt_dist_utils
 from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader, HuggingFaceTextDataset
 
 SETTINGS_ENV = "ATTUNE_GATE_RUN"
-INIT_STD = 0.02          # the classic transformer init for every matrix; vectors (norms) keep theirs
 SKETCH_DIM = 4           # random projections per parameter group
 GROUPS = ("tok_embeddings", "attention", "feed_forward", "norm", "output")
 
@@ -182,54 +187,48 @@ def install_noise(scale: float, seed: int) -> None:
     tt_dist_utils.clip_grad_norm_ = clip_grad_norm_
 
 
-# ---- same weights, and what each step records ----------------------------------------------------
+# ---- what each step records ------------------------------------------------------------------------
 
-# Wrappers that recomputation and compilation put around a module rename its parameters
-# (layers.0._checkpoint_wrapped_module.attention.wqkv.weight): a weight is seeded by its name
-# without them, or "no recomputation" would start from other weights than "selective".
-_WRAPPER_SEGMENTS = ("_checkpoint_wrapped_module", "_orig_mod", "_fsdp_wrapped_module")
-
-
-def canonical_name(name: str) -> str:
-    return ".".join(part for part in name.split(".") if part not in _WRAPPER_SEGMENTS)
+def _merged(local: dict) -> dict:
+    """{parameter name: figure} of every rank, merged by name (under pipeline parallelism a rank
+    holds its own stages' parameters; ranks of one stage hold the same whole figures)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return local
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, local)
+    merged: dict = {}
+    for part in gathered:
+        merged |= part
+    return dict(sorted(merged.items()))
 
 
 class _Recorder:
     def __init__(self, settings: dict):
         self.path = Path(settings["record"])
         self.max_norm = settings.get("max_norm")
-        self.init_seed = int(settings.get("init_seed", 0))
         self.noise = settings.get("noise")
-        self.names: dict[int, str] = {}
+        self.piped = int(settings.get("pp", 1)) > 1
         self.step = 0
         self.current: dict = {}
-        self.before: dict[int, torch.Tensor] = {}
+        self.before: dict[str, torch.Tensor] = {}
         self.depth = 0  # torchtitan's OptimizersContainer is an Optimizer wrapping Optimizers: hooks nest
-        self._first_forward = torch.nn.modules.module.register_module_forward_pre_hook(self._reinit)
+        self._first_forward = torch.nn.modules.module.register_module_forward_pre_hook(self._on_first_forward)
 
-    # Same weights: on the first forward of the root module, before FSDP gathers anything.
-    @torch.no_grad()
-    def _reinit(self, module, args):
+    def _on_first_forward(self, module, args):
+        # after every override has patched what it patches (a fault's clipping included)
         self._first_forward.remove()
         if self.noise:
             install_noise(float(self.noise["scale"]), int(self.noise["seed"]))
-        for raw, param in module.named_parameters():
-            name = canonical_name(raw)
-            self.names[id(param)] = name
-            if param.dim() < 2:
-                continue  # norm weights: constants, the same under every layout
-            gen = torch.Generator().manual_seed(self.init_seed * 1_000_003 + zlib.crc32(name.encode()))
-            full = torch.randn(tuple(param.shape), generator=gen, dtype=torch.float32) * INIT_STD
-            if isinstance(param, DTensor):
-                local = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()
-                param.to_local().copy_(local)
-            else:
-                param.copy_(full)
 
-    def _params(self, optimizer):
-        for group in optimizer.param_groups:
-            for param in group["params"]:
-                yield self.names.get(id(param), f"param{id(param)}"), param
+    @staticmethod
+    def _params(optimizer):
+        """(name, parameter) of this rank, named as torchtitan's optimizers name them (canonical
+        FQNs: the same under every layout, every pipeline stage included)."""
+        inner = getattr(optimizer, "optimizers", None) or [optimizer]
+        for opt in inner:
+            for group in opt.param_groups:
+                names = group.get("param_names") or [f"param{id(p)}" for p in group["params"]]
+                yield from zip(names, group["params"])
 
     @torch.no_grad()
     def pre_step(self, optimizer, args, kwargs):
@@ -238,11 +237,11 @@ class _Recorder:
             return
         self.step += 1
         grads = {name: _full(p.grad).float() for name, p in self._params(optimizer) if p.grad is not None}
-        record = {"step": self.step, "post_clip_norm": float(torch.sqrt(sum((g * g).sum() for g in grads.values())))}
+        record = {"step": self.step, "post_clip_norm": self._norm(grads)}
         if self.step == 1:
             record["group_grad_norms"] = self._group_norms(grads)
             record["grad_sketch"] = self._sketch(grads)
-        self.before = {id(p): _full(p).detach().float().clone() for _, p in self._params(optimizer)}
+        self.before = {name: _full(p).detach().float().clone() for name, p in self._params(optimizer)}
         self.current = record
 
     @torch.no_grad()
@@ -250,29 +249,43 @@ class _Recorder:
         self.depth -= 1
         if self.depth > 0:
             return
-        deltas = {name: _full(p).detach().float() - self.before[id(p)] for name, p in self._params(optimizer)}
-        self.current["update_norm"] = float(torch.sqrt(sum((d * d).sum() for d in deltas.values())))
+        deltas = {name: _full(p).detach().float() - self.before[name] for name, p in self._params(optimizer)}
+        self.current["update_norm"] = self._norm(deltas)
         self.current["lr"] = _lr(optimizer)
         if self.current["step"] == 1:
             self.current["group_update_norms"] = self._group_norms(deltas)
         self.before = {}
 
-    @staticmethod
-    def _group_norms(tensors: dict[str, torch.Tensor]) -> dict[str, float]:
-        squares: dict[str, float] = {}
-        for name, t in tensors.items():
-            squares[group_of(name)] = squares.get(group_of(name), 0.0) + float((t * t).sum())
-        return {g: s ** 0.5 for g, s in sorted(squares.items())}
+    def _norm(self, tensors: dict[str, torch.Tensor]) -> float:
+        if self.piped:   # this rank's stages only: sum the squares of every stage's parameters
+            return sum(_merged({n: float((t * t).sum()) for n, t in tensors.items()}).values()) ** 0.5
+        return float(torch.sqrt(sum((t * t).sum() for t in tensors.values())))
+
+    def _group_norms(self, tensors: dict[str, torch.Tensor]) -> dict[str, float]:
+        squares = {name: float((t * t).sum()) for name, t in tensors.items()}
+        if self.piped:
+            squares = _merged(squares)
+        groups: dict[str, float] = {}
+        for name, square in squares.items():
+            groups[group_of(name)] = groups.get(group_of(name), 0.0) + square
+        return {g: s ** 0.5 for g, s in sorted(groups.items())}
 
     def _sketch(self, grads: dict[str, torch.Tensor]) -> dict[str, list[float]]:
-        sketch: dict[str, torch.Tensor] = {}
+        projections = {}
         for name, g in sorted(grads.items()):
             gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))
-            proj = torch.randn((SKETCH_DIM, g.numel()), generator=gen) @ g.reshape(-1)
-            sketch[group_of(name)] = sketch.get(group_of(name), 0) + proj
+            projections[name] = (torch.randn((SKETCH_DIM, g.numel()), generator=gen) @ g.reshape(-1)).tolist()
+        if self.piped:
+            projections = _merged(projections)
+        sketch: dict[str, torch.Tensor] = {}
+        for name, proj in sorted(projections.items()):
+            sketch[group_of(name)] = sketch.get(group_of(name), 0) + torch.tensor(proj)
         return {k: [float(x) for x in v] for k, v in sketch.items()}
 
     def on_log(self, step: int, loss: float, grad_norm: float) -> None:
+        if self.piped:   # the last stage holds the loss; the other stages log a negative placeholder
+            losses = _merged({f"rank{_rank()}": float(loss)}).values()
+            loss = next((x for x in losses if x >= 0), float(loss))
         record = dict(self.current) | {"step": step, "loss": float(loss), "grad_norm": float(grad_norm)}
         if self.max_norm:
             record["max_norm"] = float(self.max_norm)

@@ -6,8 +6,13 @@ string) and the environment it needs, returned separately.
              -m torchtitan.train --module M --config C [--section.field value ...] [activation-checkpoint:X]
 
 One override per [config] field whose value differs from what torchtitan's recipe C sets
-(recipe_values.toml), so a public recipe renders to `--module M --config C` alone. How 0.3 spells
-ATTUNE's two lever keys:
+(recipe_values.toml), so a public recipe renders to `--module M --config C` alone. Every lever of
+the layout ATTUNE resolved is one of those fields, also where the recipe is silent: ATTUNE resolves
+a silent lever to the catalog's default (levers.toml) and torchtitan to its recipe's own value,
+which can differ (llama3_debugmodel sets Interleaved1F1B where the catalog's default is 1F1B), and
+the layout a trial records must be the one that ran (readback.py checks it after every run).
+Pipeline-only levers are passed only when pp > 1, dp_shard only when the recipe sets it (-1 means
+"what is left" to both). How 0.3 spells ATTUNE's two lever keys:
   activation_checkpoint.mode -> the tyro subcommand `activation-checkpoint:none|selective|full`
                                 (0.3 selects the AC policy class by subcommand; it must come last)
   quantize.float8            -> `--override.imports` of the factories in overrides.py (0.3 builds
@@ -34,7 +39,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from attune.errors import InputError
-from attune.layout import AC_MODE, COMPILE, EP, FLOAT8, resolve_layout
+from attune.layout import AC_MODE, COMPILE, DP_SHARD, EP, FLOAT8, PP_MICROBATCH, PP_SCHEDULE, SEQ_LEN, resolve_layout
 from attune.recipe import Recipe
 from attune.stacks.torchtitan.recipe_values import OVERRIDE_IMPORTS, recipe_values
 
@@ -124,6 +129,7 @@ def train_args(recipe: Recipe, extra: dict[str, Any] | None = None) -> list[str]
         config.setdefault(SPMD_BACKEND, "partial_dtensor")
     # Companions follow the launch as rendered, trial extras included.
     layout = resolve_layout(config, recipe.architecture, recipe.cluster, check=False)
+    config = _explicit_levers(layout) | config
     config |= _companions(config, own, layout)
     args: list[str] = ["--module", CPU_MODULE if on_cpu(recipe) else module, "--config", config_name]
     for key in sorted(config):
@@ -147,6 +153,17 @@ def train_args(recipe: Recipe, extra: dict[str, Any] | None = None) -> list[str]
     if AC_MODE in config and mode != own.get(AC_MODE):
         args.append(f"activation-checkpoint:{mode}")  # a tyro subcommand: after every --field
     return args
+
+
+def _explicit_levers(layout: Any) -> dict[str, Any]:
+    """The resolved layout's levers (and sequence length) as fields, for those the recipe leaves to a
+    default: torchtitan's recipe may default them otherwise than the lever catalog does."""
+    fields = dict(layout.levers()) | {SEQ_LEN: layout.seq_len}
+    fields.pop(DP_SHARD)                      # derived: -1 resolves the same on both sides
+    if layout.pp == 1:                        # inert without a pipeline
+        fields.pop(PP_SCHEDULE)
+        fields.pop(PP_MICROBATCH)
+    return fields
 
 
 def _split(text: Any) -> list[str]:
@@ -187,8 +204,10 @@ def rendezvous(nnodes: int, endpoint: str | None, run_id: str | None, name: str)
 
 
 def render_launch(recipe: Recipe, *, extra: dict[str, Any] | None = None, env: dict[str, str] | None = None,
-                  rdzv_endpoint: str | None = None, rdzv_id: str | None = None) -> Launch:
-    """The launch of `recipe` on its cluster; `extra` adds fields (trial settings) on top of [config]."""
+                  rdzv_endpoint: str | None = None, rdzv_id: str | None = None, log_dir: str | None = None) -> Launch:
+    """The launch of `recipe` on its cluster; `extra` adds fields (trial settings) on top of [config].
+    log_dir: torchrun's per-rank logs and error files (`--log-dir`); without it torchrun makes a
+    /tmp/torchelastic_* folder per run and leaves it there."""
     cluster = recipe.cluster
     per_node = cluster.node_size
     nnodes = cluster.gpus // per_node
@@ -210,6 +229,6 @@ def render_launch(recipe: Recipe, *, extra: dict[str, Any] | None = None, env: d
     log_ranks = f"0,{per_node - 1}" if recipe.layout().pp > 1 and per_node > 1 else "0"
     argv = ["torchrun", "--nnodes", str(nnodes), "--nproc-per-node", str(per_node), *where,
             "--local-ranks-filter", log_ranks, "--role", "rank", "--tee", "3",
-            "-m", "torchtitan.train", *targs]
+            *(["--log-dir", log_dir] if log_dir else []), "-m", "torchtitan.train", *targs]
     return Launch(argv=argv, env=base_env | dict(env or {}), train_args=targs,
                   nnodes=nnodes, nproc_per_node=per_node)

@@ -3,8 +3,11 @@
 A trial is the recipe's launch plus trial settings: enough steps for warm-up and measurement,
 metrics every step, no checkpoints, validation, profiling or TensorBoard, the given seed, the LR
 schedule pinned to the recipe's full length (so a 30-step trial sees the recipe's schedule, not
-one squeezed into 30 steps) and outputs under the trial's workdir. It is validated with
-torchtitan's ConfigManager first where torchtitan imports, so a bad override costs no GPU time.
+one squeezed into 30 steps), the resolved config saved, and outputs under the trial's workdir. It
+is validated with torchtitan's ConfigManager first where torchtitan imports, so a bad override
+costs no GPU time. After the run the layout it ran is read back from that config and its log
+(readback.py): a run that trained another layout than the trial's is a `layout_mismatch`, whose
+message names both, never a measurement of the layout asked for.
 
 Where it runs is the executor's business: by default a local subprocess (runner.run_process, a
 one-node cluster); deployment.pool_executor runs it as a Prefect deployment on a GPU work pool.
@@ -25,6 +28,7 @@ from attune.layout import AC_MODE, COMPILE
 from attune.recipe import Recipe
 from attune.stacks.base import TrialResult, TrialStatus
 import attune.stacks.torchtitan.smoke_assets as smoke_assets
+from attune.stacks.torchtitan import readback
 from attune.stacks.torchtitan.log_parser import measured, median_or_none
 from attune.stacks.torchtitan.recipe_values import recipe_values
 from attune.stacks.torchtitan.render import Launch, canonical_config, on_cpu, render_launch
@@ -120,7 +124,7 @@ class TorchtitanStack:
             "training.steps": self.warmup_steps + steps, "metrics.log_freq": 1,
             "metrics.enable_tensorboard": False, "metrics.enable_wandb": False, "checkpoint.enable": False,
             "validator.enable": False, "profiler.enable_profiling": False, "debug.seed": seed,
-            "dump_folder": str(Path(workdir) / "outputs"),
+            "dump_folder": str(Path(workdir) / "outputs"), "debug.save_config_file": readback.CONFIG_FILE,
         }
         if full_length and "lr_scheduler.total_steps" not in config:
             extra["lr_scheduler.total_steps"] = int(full_length)
@@ -136,8 +140,10 @@ class TorchtitanStack:
         env = dict(self.env)
         if self.uses_smoke_assets(recipe):
             env |= smoke_assets.OFFLINE_ENV | {"HF_DATASETS_CACHE": str(Path(workdir) / "hf_datasets_cache")}
+        # torchrun's own logs stay with the trial (else a /tmp/torchelastic_* folder per run, never removed)
         return render_launch(recipe, extra=self.trial_config(recipe, steps, seed, workdir), env=env,
-                             rdzv_endpoint=self.rdzv_endpoint, rdzv_id=f"attune-{recipe.name}-{seed}")
+                             rdzv_endpoint=self.rdzv_endpoint, rdzv_id=f"attune-{recipe.name}-{seed}",
+                             log_dir=str(workdir / "torchelastic"))
 
     @staticmethod
     def _module_config(recipe: Recipe) -> tuple[str, str]:
@@ -174,7 +180,21 @@ class TorchtitanStack:
         limits = RunLimits(measure_steps=steps, warmup_steps=self.warmup_steps,
                            startup_timeout_s=self.startup_timeout_s, stall_timeout_s=self.stall_timeout_s)
         outcome = self.executor(launch, workdir / "train.log", limits, workdir)
-        return self._result(recipe, outcome, levers, launch)
+        return self._result(recipe, self.checked(recipe, outcome, workdir), levers, launch)
+
+    @staticmethod
+    def ran_config(workdir: Path) -> Path:
+        """Where torchtitan saves the config it resolved (dump_folder / debug.save_config_file)."""
+        return Path(workdir) / "outputs" / readback.CONFIG_FILE
+
+    def checked(self, recipe: Recipe, outcome: RunOutcome, workdir: Path) -> RunOutcome:
+        """The outcome, or a layout_mismatch naming what ran and what was asked for (readback.py).
+        A run that resolved no layout (failed before) keeps its own status; an ok run must show one."""
+        error = readback.check(recipe.layout(), self.ran_config(workdir), outcome.log_path,
+                               complete=outcome.status == TrialStatus.OK)
+        if error is None:
+            return outcome
+        return outcome.model_copy(update={"status": TrialStatus.LAYOUT_MISMATCH, "message": error})
 
     # ---- helpers -------------------------------------------------------------------------
 
@@ -191,7 +211,8 @@ class TorchtitanStack:
         return json.dumps([recipe.cluster.label, sorted(canonical_config(dict(recipe.config)).items())], default=str)
 
     def _result(self, recipe: Recipe, outcome: RunOutcome, levers: dict[str, Any], launch: Launch) -> TrialResult:
-        timed = measured(outcome.steps, self.warmup_steps)
+        # a run of another layout measured nothing about this one
+        timed = [] if outcome.status == TrialStatus.LAYOUT_MISMATCH else measured(outcome.steps, self.warmup_steps)
         tps = median_or_none([s.tps for s in timed])
         mfu = median_or_none([s.mfu for s in timed])
         memory = [s.memory_gib for s in outcome.steps if s.memory_gib is not None and math.isfinite(s.memory_gib)]

@@ -115,7 +115,7 @@ def test_speed_charges_a_best_other_planner_that_never_gained_all_it_spent():
 
 def test_planner_variants_and_ablations():
     labels = [v.label for v in parse_planners("attune,random", ablations=True)]
-    assert labels[:2] == ["attune", "random"] and "attune-no-lessons" in labels and "attune-no-oom-recompute" in labels
+    assert labels[:2] == ["attune", "random"] and "attune-no-lessons" in labels and "attune-no-memory-risk" in labels
     (v,) = parse_planners("attune", disable_rules=["lessons"])
     assert v.planner == "attune" and v.disabled_rules == ("lessons",)
     with pytest.raises(InputError, match="--planners"):

@@ -39,7 +39,7 @@ from attune.layout import AC_MODE, COMPILE, CP, DP_REPLICATE, EP, FLOAT8, LOCAL_
 from attune.lessons.catalog import Lesson, load_lessons, match
 from attune.levers import Scalar, levers_text, lever
 from attune.planners.base import PlannerView, Proposal
-from attune.planners.belief import Belief
+from attune.planners.belief import Belief, measured_arrays
 from attune.planners.gate_rules import PROBE_LIMIT, GateRules, defect_screen
 from attune.planners.residual_gp import Prior, ResidualGP, features, log_expected_improvement
 from attune.recipe import Recipe
@@ -312,12 +312,6 @@ class LessonPrior(Prior):
 def FLOAT8_CODE(recipe: Recipe) -> int:  # noqa: N802 - a constant of the recipe
     from attune.sim.arrays import FLOAT8_MODES
     return FLOAT8_MODES.index(recipe.layout().float8)
-
-
-def measured_arrays(recipe: Recipe, levers: list[dict[str, Scalar]]) -> LayoutArrays:
-    from attune.sim.estimator import as_arrays
-    return as_arrays(recipe, [layout_of(recipe, lv, check=False) for lv in levers]) if levers else \
-        as_arrays(recipe, [recipe.layout()]).take(np.zeros(0, dtype=int))
 
 
 def _makes_move(lesson: Lesson, here: dict[str, Scalar], arrays: LayoutArrays) -> np.ndarray | None:

@@ -28,8 +28,10 @@ import numpy as np
 
 from attune.planners.cluster_fit import OOM_MARGIN, ClusterFit, fit_from_history
 from attune.planners.residual_gp import Prior, ResidualGP, features
+from attune.levers import Scalar
 from attune.recipe import Recipe
 from attune.sim.arrays import LayoutArrays
+from attune.space import layout_of
 
 THROUGHPUT_WIDTH = 0.20   # sd of log(measured / estimated) throughput on a cluster the estimator was not calibrated
                           # on: a median miss of 14% in the realistic world (docs/simulator.md) is an sd of 0.21
@@ -52,7 +54,6 @@ class Belief:
 
     def update(self, recipe: Recipe, history, noise_sd: float) -> None:
         """Take in the trials not seen yet, each predicted first from those before it."""
-        from attune.planners.attune_planner import measured_arrays
 
         for i in range(self._seen, len(history)):
             obs, earlier = history[i], history[:i]
@@ -91,7 +92,6 @@ class Belief:
                    ) -> tuple[np.ndarray, np.ndarray]:
         """Mean and sd of log throughput per layout of `arrays` (features `x`), given the history
         (`columns`: the fit's columns of `arrays`, where the caller has them)."""
-        from attune.planners.attune_planner import measured_arrays
 
         fit = self.fit
         model = np.log(np.maximum((columns or fit.columns(recipe, arrays))["tps"], 1e-12))
@@ -108,7 +108,6 @@ class Belief:
     def memory(self, recipe: Recipe, history, arrays: LayoutArrays, x: np.ndarray,
                columns: dict[str, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Mean and sd of log peak memory per layout: the estimate at the measured level, and the GP."""
-        from attune.planners.attune_planner import measured_arrays
 
         fit = self.fit
         level = np.log(np.maximum((columns or fit.columns(recipe, arrays))["mem_estimate_gib"], 1e-9)
@@ -123,3 +122,10 @@ class Belief:
         mean, sd = self.gp.posterior(features(at), peaks - estimate, MEMORY_NOISE, self.memory_width, x,
                                      correlated=self.correlated)
         return level + mean, np.sqrt(sd ** 2 + MEMORY_NOISE ** 2)
+
+
+def measured_arrays(recipe: Recipe, levers: list[dict[str, Scalar]]) -> LayoutArrays:
+    """The arrays of the layouts a campaign measured (none gives an empty set of the recipe's columns)."""
+    from attune.sim.estimator import as_arrays
+    return as_arrays(recipe, [layout_of(recipe, lv, check=False) for lv in levers]) if levers else \
+        as_arrays(recipe, [recipe.layout()]).take(np.zeros(0, dtype=int))

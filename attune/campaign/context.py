@@ -160,6 +160,7 @@ class Campaign:
     lock: Any = None                        # the open lock file that keeps other processes out (engine)
     _costs: dict[tuple, float] = field(default_factory=dict, repr=False)
     _trial_costs: TrialCosts | None = field(default=None, repr=False)
+    _full_steps: dict[tuple, int] = field(default_factory=dict, repr=False)
 
     @property
     def state_path(self) -> Path:
@@ -189,12 +190,17 @@ class Campaign:
         MEASURE_TARGET_S is covered sooner (at least MIN_STEPS). A 2-minute step measures as well
         over 3 steps as over 10, and a budget of 40 GPU-hours per 64 GPUs could not pay for more."""
         from attune.planners.estimates import predict  # the public estimator: never the ground truth
-        try:
-            step_s = predict(self.recipe, self.trial_recipe(levers).layout()).step_time_s
-        except Exception:  # noqa: BLE001 - no estimate: measure the configured number of steps
-            return self.settings.steps_per_trial
-        wanted = math.ceil(MEASURE_TARGET_S / max(step_s, 1e-6))
-        return max(min(MIN_STEPS, self.settings.steps_per_trial), min(self.settings.steps_per_trial, wanted))
+        key = layout_key(levers)
+        if key not in self._full_steps:   # pure in the levers; planners ask about thousands of layouts
+            try:
+                step_s = predict(self.recipe, self.trial_recipe(levers).layout()).step_time_s
+            except Exception:  # noqa: BLE001 - no estimate: measure the configured number of steps
+                self._full_steps[key] = self.settings.steps_per_trial
+            else:
+                wanted = math.ceil(MEASURE_TARGET_S / max(step_s, 1e-6))
+                self._full_steps[key] = max(min(MIN_STEPS, self.settings.steps_per_trial),
+                                            min(self.settings.steps_per_trial, wanted))
+        return self._full_steps[key]
 
     def estimated_cost(self, levers: dict[str, Any], role: Role = "trial") -> float:
         """GPU-hours one run of these levers in this role is expected to cost: the stack's estimate

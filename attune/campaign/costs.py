@@ -52,6 +52,7 @@ class TrialCosts:
     _step_ratios: list[float] = field(default_factory=list)
     runs_seen: list[MeasuredRun] = field(default_factory=list)
     _learned: int = -1
+    _parts: dict[tuple, tuple[float, float]] = field(default_factory=dict)   # the prior's, per layout and steps
 
     def learn(self, runs: Sequence[MeasuredRun]) -> None:
         """What the campaign's runs measured (cheap when nothing new came in): a successful run both
@@ -75,10 +76,14 @@ class TrialCosts:
         self._own = {k: (sum(f for f, _ in v) / len(v), sum(s for _, s in v) / len(v)) for k, v in own.items()}
 
     def parts(self, recipe: Recipe, steps: int) -> tuple[float, float]:
-        """The prior's (fixed seconds, seconds per measured step) for this recipe."""
-        at = self.prior(recipe, steps)
-        per_step = max(0.0, (self.prior(recipe, steps + PROBE_STEPS) - at) / PROBE_STEPS)
-        return max(0.0, at - steps * per_step), per_step
+        """The prior's (fixed seconds, seconds per measured step) for this recipe (memoised: a
+        planner prices thousands of layouts again after every run, and the prior never moves)."""
+        key = (layout_key(recipe.layout().levers()), steps)
+        if key not in self._parts:
+            at = self.prior(recipe, steps)
+            per_step = max(0.0, (self.prior(recipe, steps + PROBE_STEPS) - at) / PROBE_STEPS)
+            self._parts[key] = (max(0.0, at - steps * per_step), per_step)
+        return self._parts[key]
 
     def wall_time_s(self, recipe: Recipe, steps: int) -> float:
         """The run's expected wall time in seconds (see the module docstring)."""

@@ -31,6 +31,9 @@ def _flag(name: str, **extra: Any) -> dict[str, Any]:
     return {"flag": name} | extra
 
 
+DEFAULT_TRAINING_HOURS = 168.0   # a week: what a gain is worth unless --training-hours says otherwise
+
+
 class CampaignSettings(BaseModel):
     """What a campaign is asked to do. Validated once, here; a bad value is an InputError naming the flag."""
 
@@ -56,7 +59,7 @@ class CampaignSettings(BaseModel):
                           "steps to the budget (default budget: the fixed protocol where the budget pays it with "
                           "room to search), or always --replicates baseline and --replicates - 1 confirmation runs",
                           json_schema_extra=_flag("--protocol"))
-    training_hours: float = Field(168.0, gt=0, allow_inf_nan=False,
+    training_hours: float = Field(DEFAULT_TRAINING_HOURS, gt=0, allow_inf_nan=False,
                                   description="hours the tuned recipe will train on its cluster (default 168, a "
                                   "week): a trial is worth running while its expected gain over that training "
                                   "saves more GPU-hours than it costs", json_schema_extra=_flag("--training-hours",
@@ -139,7 +142,7 @@ class CampaignSettings(BaseModel):
                 "steps": self.steps_per_trial, "replicates": self.replicates, "disabled": sorted(self.disabled_rules),
                 "stack_options": self.stack_options,
                 **({"protocol": self.protocol} if self.protocol != "budget" else {}),
-                **({"training_hours": self.training_hours} if self.training_hours != 168.0 else {}),
+                **({"training_hours": self.training_hours} if self.training_hours != DEFAULT_TRAINING_HOURS else {}),
                 **({"gate_seed": self.gate_seed} if self.gate_seed is not None else {})}
 
 
@@ -161,6 +164,7 @@ class Campaign:
     _costs: dict[tuple, float] = field(default_factory=dict, repr=False)
     _trial_costs: TrialCosts | None = field(default=None, repr=False)
     _full_steps: dict[tuple, int] = field(default_factory=dict, repr=False)
+    _trials_learned: int = field(default=-1, repr=False)
 
     @property
     def state_path(self) -> Path:
@@ -223,6 +227,10 @@ class Campaign:
         """The cost model, having learned from every successful run in the state."""
         if self._trial_costs is None:
             self._trial_costs = TrialCosts(prior=self.stack.estimate_wall_time_s, recipe=self.recipe)
+        seen = 0 if self.state is None else len(self.state.trials)
+        if seen == self._trials_learned:   # trials are only appended; planners ask this thousands of times a run
+            return self._trial_costs
+        self._trials_learned = seen
         runs = [] if self.state is None else [
             MeasuredRun(levers=t.levers, steps=(t.steps or self.trial_steps(t.levers, t.role)) if t.result.ok else 0,
                         wall_time_s=t.result.wall_time_s, step_time_s=(t.result.step_time_s or 0.0) if t.result.ok else 0.0)

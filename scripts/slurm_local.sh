@@ -85,10 +85,27 @@ stop_all() {
 }
 
 # --- configuration ----------------------------------------------------------------------------
-free_ports() {  # N ports on 127.0.0.1 that nothing listens on, from a random base
-  local n="$1" port=$((20000 + RANDOM % 30000)) found=()
+# Ports come from below the kernel's ephemeral range, so no client socket of another process (a
+# test's Prefect or S3 connection) can hold one, and a port any socket uses, in any state
+# (TIME_WAIT too), is skipped: a connect test alone let slurmctld meet "Address already in use".
+used_ports() {  # local TCP ports of every socket on this machine, decimal, one per line
+  local f _ local_addr
+  for f in /proc/net/tcp /proc/net/tcp6; do
+    [[ -r $f ]] || continue
+    while read -r _ local_addr _; do
+      [[ $local_addr == *:* ]] && echo $((16#${local_addr##*:}))
+    done < <(tail -n +2 "$f")
+  done | sort -un
+}
+
+free_ports() {  # N ports on 127.0.0.1 that no socket uses, from a random base below the ephemeral range
+  local n="$1" low; low="$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)"
+  local span=$((low - 10000 - 100)) used found=()
+  ((span > 0)) || span=1000
+  local port=$((10000 + RANDOM % span))
+  used=" $(used_ports | tr '\n' ' ') "
   while ((${#found[@]} < n)); do
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then found+=("$port"); fi
+    if [[ $used != *" $port "* ]] && ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then found+=("$port"); fi
     port=$((port + 1))
   done
   echo "${found[@]}"

@@ -312,12 +312,13 @@ def wants_baseline(c: Campaign) -> bool:
 
 
 def planned_confirmations(c: Campaign) -> int:
-    """How many fresh confirmation runs the incumbent gets: replicates - 1 on the fixed protocol, on a
-    fitted one what the gain at stake asks and the budget pays (decided once per incumbent and saved,
-    so a resumed campaign keeps the plan whose test it runs)."""
+    """How many fresh confirmation runs the incumbent gets: what the test needs at the gain at stake
+    and the budget left pays (attune.campaign.protocol.confirmations; replicates - 1 where the
+    protocol never sizes them). Decided once per incumbent, before any of its confirmations runs, and
+    saved: a resumed campaign keeps the plan whose test it runs, and the test stays one look."""
     incumbent = c.state.incumbent_record
     protocol = protocol_of(c)
-    if not protocol.fitted:
+    if not protocol.fitted and protocol.confirm_up_to is None:
         return protocol.max_confirm_runs
     plan = c.state.confirm_plan
     if plan is not None and plan.get("levers") == incumbent.levers:
@@ -326,7 +327,8 @@ def planned_confirmations(c: Campaign) -> int:
     measured = mean_tps(c, incumbent.levers)
     gain = measured / (sum(base) / len(base)) - 1 if base and measured else 0.0
     runs, why = proto.confirmations(protocol, base, gain, c.state.noise_band or 0.0, c.state.budget.left,
-                                    confirm_cost(c, incumbent.levers), gate_reserve(c, incumbent.levers))
+                                    confirm_cost(c, incumbent.levers), gate_reserve(c, incumbent.levers),
+                                    rel_sd=c.state.noise_rel_sd)
     if why:
         c.state.skipped.append(why)
     c.state.confirm_plan = {"levers": incumbent.levers, "runs": runs}
@@ -411,7 +413,9 @@ def settle_incumbent(c: Campaign) -> tuple[bool, float]:
     band = c.state.noise_band or 0.0
     runs: dict[tuple, list[float]] = {}
     for t in c.state.trials:
-        if t.result.ok:
+        # the incumbent's search runs stay out of the spread: it won the search for being high, so
+        # its fresh runs would look far from it and the spread (and with it the band) too wide
+        if t.result.ok and not (t.levers == incumbent.levers and t.role != "confirm"):
             runs.setdefault(layout_key(t.levers), []).append(t.tps)
     spread = campaign_spread(runs)
     if spread is not None and spread[1] > max(0, len(base) - 1):

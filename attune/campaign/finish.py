@@ -60,7 +60,7 @@ def final_message(c: Campaign) -> str:
                    f"so the best one the config check passes without a numerics change was confirmed and "
                    f"gated instead")
     if c.state.skipped:
-        search += "; measured leaner than the fixed protocol: " + "; ".join(c.state.skipped)
+        search += "; measured other than the fixed protocol: " + "; ".join(c.state.skipped)
     if c.state.shipped:
         return f"{search}; shipped {c.state.recipe_out}"
     gate = c.state.gate

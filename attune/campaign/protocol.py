@@ -14,11 +14,16 @@ the campaign measures its baseline and ships nothing. So the protocol is chosen 
     run's cost, so this saves 5-20%; most of the run-to-run noise is shared by all steps of a run,
     so it costs little precision); a confirmation measures the full steps;
   * search: the first trial keeps no confirmation in reserve, later ones keep one;
-  * confirmation: one fresh run where the gain at stake clears the test twice over (one run
-    suffices), else as many as the budget left pays, up to replicates - 1; none where it pays none,
-    and then the incumbent's own search runs are tested, with the confidence split over the k
-    layouts the search measured (Bonferroni: it was the best of k, and holding each of the k to
-    alpha / k keeps the chance that any noise-sized winner ships at alpha).
+  * confirmation: as many fresh runs as the test needs to pass with probability POWER at the gain
+    at stake, as far as the budget left pays; none where it pays none, and then the incumbent's own
+    search runs are tested, with the confidence split over the k layouts the search measured
+    (Bonferroni: it was the best of k, and holding each of the k to alpha / k keeps the chance that
+    any noise-sized winner ships at alpha).
+
+Confirmations are sized on either protocol (runs_for_power): on noisy hardware (9% run to run on
+the CPU benchmark) the fixed protocol's two runs left a t-test that a true +100% failed, with the
+budget to pass it unspent. The fixed protocol never measures fewer than its two, and `--protocol
+fixed` measures exactly those.
 
 The statistics stay those of attune.campaign.noise: a shipped gain clears the noise band at the same
 confidence; fewer runs make the test harder to pass, never easier (a one-degree-of-freedom t-test,
@@ -34,13 +39,17 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from attune.campaign.noise import gain_is_real, relative_sd
+from scipy import stats
+
+from attune.campaign.noise import relative_sd
 
 SEARCH_ROOM = 3        # search trials the fixed protocol must leave room for, or it is refitted
 DISAGREE = 0.015       # relative sd of two baseline runs above which a third is measured
 SCREEN_SHARE = 0.5     # share of the steps a screening run measures in the fitted protocol
 MIN_SCREEN_STEPS = 3   # a first (warm-up) step and two measured ones at least
 ALPHA = 0.05           # the confirmation test's level (attune.campaign.noise.gain_is_real)
+POWER = 0.8            # the chance a confirmation sized by runs_for_power gives its test to pass
+MOST_CONFIRM_RUNS = 6  # fresh confirmation runs at most, where the noise asks for more than the protocol's
 # A search trial with no confirmation in reserve must still fit with this share of its estimate to
 # spare: the estimate carries a 30% margin, but a layout never measured on an unseen cluster can run
 # slower still (the budget curve's random planner overshot a 1/4 budget by 16% without it), and on the
@@ -58,9 +67,15 @@ class Protocol(BaseModel):
     fitted: bool                      # False: the fixed protocol
     baseline_runs: int                # baseline runs before the search (a third may follow if they disagree)
     max_baseline_runs: int            # the settings' replicates
-    max_confirm_runs: int             # fresh confirmation runs at most (replicates - 1)
+    max_confirm_runs: int             # the protocol's fresh confirmation runs (replicates - 1)
+    # more runs where the test needs them and the budget left pays (None: never more, as in a state
+    # saved before confirmations were sized, or on --protocol fixed)
+    confirm_up_to: int | None = None
     screen_steps: int | None = None   # measured steps of baseline and search runs at most (None: all)
     why: str = ""
+
+    def most_confirm_runs(self) -> int:
+        return max(self.max_confirm_runs, self.confirm_up_to or 0)
 
     def search_reserve_runs(self, search_trials_so_far: int) -> int:
         """Confirmation runs a search trial must leave room for."""
@@ -89,10 +104,12 @@ def choose(budget: float, replicates: int, steps_per_trial: int, run_cost: float
                f"the budget pays {replicates} baseline runs and {replicates - 1} confirmation(s) "
                f"(about {fixed_cost:.3g} GPU-hours) with room for {max(room, 0):.0f} search trials")
         return Protocol(fitted=False, baseline_runs=replicates, max_baseline_runs=replicates,
-                        max_confirm_runs=replicates - 1, why=why)
+                        max_confirm_runs=replicates - 1, why=why,
+                        confirm_up_to=None if mode == "fixed" or replicates < 2 else MOST_CONFIRM_RUNS)
     two = 3 * screen_cost + gate_cost <= budget   # two baseline runs and one search trial
     return Protocol(fitted=True, baseline_runs=2 if two else 1, max_baseline_runs=replicates,
-                    max_confirm_runs=replicates - 1, screen_steps=screen_steps(steps_per_trial),
+                    max_confirm_runs=replicates - 1, confirm_up_to=MOST_CONFIRM_RUNS,
+                    screen_steps=screen_steps(steps_per_trial),
                     why=(f"{replicates} baseline runs and {replicates - 1} confirmation(s) would cost about "
                          f"{fixed_cost:.3g} of {budget:.3g} GPU-hours, room for {max(room, 0):.1f} search trials: "
                          f"measured leaner ({2 if two else 1} baseline run(s), screening trials of "
@@ -118,38 +135,67 @@ def more_baseline(p: Protocol, runs: int, samples: list[float], left: float, scr
     return True, ""
 
 
-def one_confirmation_enough(baseline: list[float], measured_gain: float, band: float) -> bool:
-    """The gain at stake is wide: a fresh run that measured the search's gain less one standard deviation
-    of luck (the search's winner was the best of several noisy runs) would pass the confirmation test
-    with half that gain over the band."""
-    if not baseline or measured_gain <= band:
-        return False
-    sd = relative_sd(baseline)
-    over = math.log1p(measured_gain) - sd - math.log1p(band)
-    if over <= 0:
-        return False
-    mean = sum(baseline) / len(baseline)
-    halfway = mean * math.exp(math.log1p(band) + over / 2)
-    return gain_is_real(baseline, [halfway], ALPHA, margin=band)[0]
+def runs_for_power(baseline: list[float], measured_gain: float, band: float, rel_sd: float, most: int) -> int | None:
+    """The fewest fresh confirmation runs (1..most) whose test passes with probability POWER, if the
+    layout's true gain is what the search measured less one standard deviation of luck (it won the
+    search for being the best of several noisy runs). None where even `most` do not reach it, and 0
+    where that gain does not clear the band at all (more runs would only confirm a loss).
+
+    Sized before any confirmation runs, from the search and the baseline alone, so the test is still
+    one look at ALPHA: growing it run by run until it passes would spend the level many times over."""
+    if not baseline:
+        return None
+    shift = math.log1p(measured_gain) - rel_sd - math.log1p(band)
+    if shift <= 0:
+        return 0
+    b = len(baseline)
+    for n in range(1, most + 1):
+        dof = b + n - 2
+        if dof < 1:
+            continue
+        needed = (stats.t.ppf(1 - ALPHA, dof) + stats.norm.ppf(POWER)) * rel_sd * math.sqrt(1 / b + 1 / n)
+        if shift >= needed:
+            return n
+    return None
 
 
 def confirmations(p: Protocol, baseline: list[float], measured_gain: float, band: float, left: float,
-                  confirm_cost: float, gate_cost: float = 0.0) -> tuple[int, str]:
-    """Fresh confirmation runs of the incumbent, and what was skipped and why ('' when nothing was)."""
-    if not p.fitted:
-        return p.max_confirm_runs, ""
-    pays = int(max(0.0, left - gate_cost) // confirm_cost) if confirm_cost > 0 else p.max_confirm_runs
-    pays = min(pays, p.max_confirm_runs)
-    if pays == 0:
+                  confirm_cost: float, gate_cost: float = 0.0, rel_sd: float | None = None) -> tuple[int, str]:
+    """Fresh confirmation runs of the incumbent, and what was skipped or added and why ('' when the
+    protocol's own count stands). `rel_sd`: the run-to-run noise the campaign measured (default: the
+    baseline's spread).
+
+    The count is what the test needs to pass with probability POWER at the gain at stake
+    (runs_for_power), within what the budget left pays and `p.most_confirm_runs()`: where the noise is
+    wide, the protocol's two runs give a test that a true +100% fails (a one- or three-degree t-test
+    on 9% noise), while the budget the search left would have paid for the runs that pass it. The
+    fixed protocol never measures fewer than its own count; a gain that does not clear the band gets
+    no more than that."""
+    if p.max_confirm_runs == 0:
+        return 0, ""
+    pays = int(max(0.0, left - gate_cost) // confirm_cost) if confirm_cost > 0 else p.most_confirm_runs()
+    floor = 0 if p.fitted else p.max_confirm_runs
+    sd = rel_sd if rel_sd is not None else relative_sd(baseline)
+    needed = runs_for_power(baseline, measured_gain, band, sd, p.most_confirm_runs())
+    if needed == 0:
+        target = p.max_confirm_runs
+    else:
+        target = max(needed if needed is not None else p.most_confirm_runs(), floor)
+    runs = max(floor, min(target, pays))
+    stake = f"the gain at stake ({measured_gain:+.1%} measured, noise band {band:.1%}, run-to-run {sd:.1%})"
+    if p.fitted and pays == 0:
         return 0, (f"confirmation: the {left:.3g} GPU-hours left pay no run ({confirm_cost:.3g} each), so the "
                    f"incumbent's own search runs were tested, the confidence split over the layouts measured")
-    if p.max_confirm_runs > 1 and one_confirmation_enough(baseline, measured_gain, band):
-        return 1, (f"{_runs('confirmation', 2, p.max_confirm_runs)}: the gain at stake ({measured_gain:+.1%} measured, "
-                   f"noise band {band:.1%}) clears the test twice over with one run")
-    if pays < p.max_confirm_runs:
-        return pays, (f"{_runs('confirmation', pays + 1, p.max_confirm_runs)}: the {left:.3g} GPU-hours left pay "
+    if runs > p.max_confirm_runs:
+        return runs, (f"{_runs('confirmation', p.max_confirm_runs + 1, runs)} added: {stake} needs "
+                      f"{needed if needed is not None else f'more than {p.most_confirm_runs()}'} for a test "
+                      f"that passes {POWER:.0%} of the time, and the {left:.3g} GPU-hours left pay {pays}")
+    if runs < p.max_confirm_runs:
+        if target < p.max_confirm_runs:
+            return runs, f"{_runs('confirmation', runs + 1, p.max_confirm_runs)}: {stake} passes the test with {runs}"
+        return runs, (f"{_runs('confirmation', runs + 1, p.max_confirm_runs)}: the {left:.3g} GPU-hours left pay "
                       f"{pays} ({confirm_cost:.3g} each)")
-    return pays, ""
+    return runs, ""
 
 
 def search_alpha(layouts_measured: int) -> float:

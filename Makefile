@@ -23,8 +23,13 @@ demo: $(STAMP)
 	$(BIN)/attune sim oracle recipes/public/llama3_8b.toml --cluster h100:64 --cluster-seed 1
 	$(BIN)/attune leaderboard
 
+# Two test processes, each taking whole files (module fixtures such as the Slurm cluster stay in one
+# process): most of the suite's time is spent waiting on servers, subprocesses and signals, so two
+# processes on two cores take 11 min where one took 17 (README, "Tests").
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow" --durations=20
+	$(BIN)/python -m pytest -m "not slow" -n $(TEST_WORKERS) --dist loadfile --durations=20
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest

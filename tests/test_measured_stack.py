@@ -42,7 +42,14 @@ def test_a_trial_replays_one_of_its_layouts_runs_and_reports_the_median_step(tmp
         assert r.tokens_per_sec_per_gpu == pytest.approx(float(np.median([m.tps for m in r.steps])))
     drawn = {r.breakdown["replayed_run"] for r in runs}
     assert drawn == {0, 1}                                                                 # run-to-run noise
-    assert {r.breakdown["replayed_run"] for r in runs if r.tokens_per_sec_per_gpu > 350} == {0}
+    # two draws of one run are not the same measurement (a smoothed bootstrap): a campaign that drew
+    # the baseline's run twice read zero noise off it; and trials vary as much as the runs did
+    same = [r.tokens_per_sec_per_gpu for r in runs if r.breakdown["replayed_run"] == 0]
+    assert len(same) > 1 and len(set(same)) == len(same)
+    many = [stack.run_trial(recipe, steps=5, seed=s, workdir=tmp_path).tokens_per_sec_per_gpu for s in range(300)]
+    spread = float(np.std(np.log(many), ddof=1))
+    run_sd = float(np.std(np.log([np.median(fast), np.median(slow)]), ddof=1))
+    assert 0.75 * run_sd < spread < 1.35 * run_sd
     assert runs[0].wall_time_s == pytest.approx(30.0, rel=0.15) and runs[0].gpu_hours > 0
     longer = stack.run_trial(recipe, steps=40, seed=0, workdir=tmp_path)
     assert longer.wall_time_s > runs[0].wall_time_s + 30 * 1024 / 2 / 420                 # charged per step

@@ -10,7 +10,8 @@ layout once, then every layout again) and a trial here returns one of those runs
 trial's seed: its measured step times resampled (the step-to-step spread), its start-up as measured,
 its peak memory and its ending (a crash stays a crash). Which run is drawn is the run-to-run part of
 the noise, so a confirmation does not simply repeat the luck of the search run it confirms (a table
-of one run per layout draws that part from `run_sd`, a spread measured on another sweep). A
+of one run per layout draws that part from `run_sd`, a spread measured on another sweep; with two
+runs or more a smaller factor is drawn on top, so that two draws of one run are not identical). A
 trial reports the median of its steps, as the torchtitan stack does, and a layout's throughput
 (the oracle's statistic) is the mean of its runs' medians. A layout whose measured peak exceeds
 the cluster's memory ends as an out-of-memory trial after its first step, as the CPU memory
@@ -119,6 +120,7 @@ class MeasuredStack:
         options = table_options({"table": table, "table_sha256": table_sha256})
         self.table = MeasuredTable(options["table"])
         self.run_sd = float(run_sd)
+        self._pooled_sd: float | None = None
         # torchtitan's own estimate: the prior a live torchtitan campaign starts from (never the table)
         from attune.stacks.torchtitan.stack import TorchtitanStack
         first = next(iter(self.table.records.values()))[0]
@@ -126,6 +128,18 @@ class MeasuredStack:
 
     def estimate_wall_time_s(self, recipe: Recipe, steps: int) -> float:
         return self._estimator.estimate_wall_time_s(recipe, steps)
+
+    def _luck_sd(self, recorded_runs: int) -> float:
+        """The spread of the factor drawn on top of the drawn run: `run_sd` for one recorded run; for k
+        runs, the table's pooled run-to-run spread over sqrt(k) (a smoothed bootstrap, whose draws then
+        vary as much as the runs did). Without it two trials of a two-run layout draw the same run, bit
+        for bit, half the time, and a campaign reads "no noise" off them: a random-search campaign on the
+        frozen world shipped a layout slower than its baseline past a 0.9% band measured that way."""
+        if recorded_runs == 1:
+            return self.run_sd
+        if self._pooled_sd is None:
+            self._pooled_sd = self.table.run_to_run_sd()
+        return self._pooled_sd / float(np.sqrt(recorded_runs))
 
     def run_trial(self, recipe: Recipe, steps: int, seed: int, workdir: Path) -> TrialResult:
         layout = recipe.layout()
@@ -144,7 +158,7 @@ class MeasuredStack:
             return TrialResult(status=TrialStatus(record["status"]) if record["status"] != "ok" else TrialStatus.CRASH,
                                wall_time_s=record["wall_time_s"], message=f"replayed: {record.get('message', '')}",
                                peak_memory_gib=record.get("peak_memory_gib"), **base)
-        luck = float(np.exp(rng.normal(0.0, self.run_sd))) if len(runs) == 1 and self.run_sd > 0 else 1.0
+        luck = float(np.exp(rng.normal(0.0, self._luck_sd(len(runs))))) if self._luck_sd(len(runs)) > 0 else 1.0
         step_s = [tokens / (t * luck) for t in step_tps]
         startup = max(0.0, record["wall_time_s"] - record.get("steps_logged", warmup + len(step_s)) * float(np.mean(step_s)))
         peak = self.table.peak_gib(levers)

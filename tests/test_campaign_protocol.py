@@ -56,12 +56,15 @@ def test_confirmations_follow_the_gain_at_stake_and_the_budget():
     band = search_band(relative_sd(base))
     runs, why = proto.confirmations(p, base, 0.40, band, left=20.0, confirm_cost=6.45)
     assert runs == 1 and "passes the test with 1" in why          # many bands wide: one fresh run
-    runs, why = proto.confirmations(p, base, 0.04, band, left=20.0, confirm_cost=6.45)   # narrow: all 3 paid
+    runs, why = proto.confirmations(p, base, 0.04, band, left=21.0, confirm_cost=6.45)   # narrow: all 3 paid
     assert runs == 3 and "confirmation run 3 added" in why and "needs 4" in why
     runs, why = proto.confirmations(p, base, 0.04, band, left=8.0, confirm_cost=6.45)
     assert runs == 1 and "pay 1" in why
     runs, why = proto.confirmations(p, base, 0.40, band, left=3.0, confirm_cost=6.45)
     assert runs == 0 and "search runs were tested" in why
+    # a run whose estimate barely fits is not paid: run-to-run step times would overrun the budget
+    assert proto.confirmations(p, base, 0.40, band, left=6.5, confirm_cost=6.45)[0] == 0
+    assert proto.confirmations(p, base, 0.40, band, left=6.45 * proto.CONFIRM_SLACK + 0.01, confirm_cost=6.45)[0] == 1
 
 
 def test_on_wide_noise_confirmations_are_sized_to_the_test_within_the_budget():

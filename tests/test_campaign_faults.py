@@ -19,6 +19,7 @@ from prefect_server import prefect_server
 
 from attune.campaign.budget import Budget
 from attune.campaign.context import CampaignSettings
+from attune.campaign.noise import search_band
 from attune.campaign.state import CampaignState, TrialRecord
 from attune.stacks.base import TrialResult, TrialStatus
 
@@ -211,6 +212,41 @@ def test_no_successful_confirmation_keeps_the_baseline(tmp_path):
     accepted, _ = engine.settle_incumbent(c)
     assert not accepted and state.incumbent == 0
     assert "no confirmation run of the best candidate succeeded" in state.stop_reason
+
+
+def test_with_one_baseline_run_the_search_run_gives_the_spread_the_test_needs(tmp_path):
+    """A budget that paid one baseline run and one confirmation (DeepSeek-V3-16B at 10 GPU-hours on
+    the budget curve): nothing else was run twice, so the incumbent's search run, left out of the
+    spread where there is another, is the only spread there is; without it a +45% layout was refused
+    at p = nan. Where another layout was run twice, it stays out."""
+    from attune.campaign import engine
+    from attune.campaign.context import Campaign
+    from attune.campaign.inputs import load_campaign_recipe
+
+    def record(index, role, tps, levers):
+        result = TrialResult(status=TrialStatus.OK, stack="sim", levers={}, gpus=64, wall_time_s=100.0,
+                             tokens_per_sec_per_gpu=tps)
+        return TrialRecord(index=index, role=role, levers=levers, config={}, result=result)
+
+    def settle(trials, incumbent):
+        state = CampaignState(campaign_id="x", recipe_toml="", settings={}, budget=Budget(total_gpu_hours=40),
+                              trials=trials, incumbent=incumbent, noise_rel_sd=0.02, noise_band=0.036)
+        c = Campaign(load_campaign_recipe(str(PUBLIC_8B)), CampaignSettings.of(budget_gpu_hours=40), state, tmp_path,
+                     None, None)
+        return (*engine.settle_incumbent(c), state)
+
+    one_baseline = [record(0, "baseline", 1000.0, {"a": 0}), record(1, "trial", 1500.0, {"a": 1}),
+                    record(2, "confirm", 1450.0, {"a": 1})]
+    accepted, p, _ = settle(one_baseline, 1)
+    assert accepted and p < 0.05
+    # a spread measured elsewhere (the baseline and the confirmations twice): the search run stays out
+    runs = [record(0, "baseline", 1000.0, {"a": 0}), record(1, "baseline", 1400.0, {"a": 0}),
+            record(2, "trial", 1500.0, {"a": 1}), record(3, "confirm", 1450.0, {"a": 1}),
+            record(4, "confirm", 1400.0, {"a": 1})]
+    fresh = search_band(engine.campaign_spread({0: [1000.0, 1400.0], 1: [1450.0, 1400.0]})[0])
+    every = search_band(engine.campaign_spread({0: [1000.0, 1400.0], 1: [1500.0, 1450.0, 1400.0]})[0])
+    accepted, _, state = settle(runs, 2)
+    assert not accepted and f"noise band ({fresh:.1%})" in state.stop_reason and f"{fresh:.1%}" != f"{every:.1%}"
 
 
 def test_an_infrastructure_fault_is_retried_once_and_charged_once_per_attempt(tmp_path):

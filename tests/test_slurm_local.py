@@ -35,16 +35,17 @@ def test_scontrol_expands_the_nodelist_as_on_a_cluster(slurm):
     assert slurm.run(["scontrol", "show", "hostnames", "n[1-2]"]).stdout.split() == ["n1", "n2"]
 
 
-def test_node_entry_takes_the_rendezvous_endpoint_from_the_first_node(slurm):
+def test_node_entry_takes_the_rendezvous_endpoint_from_the_first_node(slurm, tmp_path):
     """Every node gets the first node's address (its NodeAddr: the names n1, n2 resolve nowhere
     here, as a cluster's node names may not outside it); only the first hosts the c10d store."""
     show = ("import os; print(os.environ['SLURMD_NODENAME'], os.environ['PET_RDZV_ENDPOINT'], "
             "os.environ['PET_RDZV_CONF'])")
     env = slurm.env(PYTHONPATH=str(REPO), ATTUNE_RDZV_PORT="29611")
     proc = slurm.run(SRUN2 + [sys.executable, "-m", "attune.stacks.torchtitan.node_entry", "--slurm", "--",
-                              sys.executable, "-c", show], env=env, cwd=REPO)
+                              sys.executable, "-c", show], env=env, cwd=tmp_path)   # node_entry writes its job id here
     assert sorted(proc.stdout.splitlines()) == ["n1 127.0.0.1:29611 is_host=1",
                                                 "n2 127.0.0.1:29611 is_host=0"], proc.stdout + proc.stderr
+    assert (tmp_path / "slurm_job_id").read_text().strip().isdigit()
 
 
 def test_scancel_releases_the_allocation_and_ends_its_tasks(slurm):

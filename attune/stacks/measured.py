@@ -120,7 +120,7 @@ class MeasuredStack:
         options = table_options({"table": table, "table_sha256": table_sha256})
         self.table = MeasuredTable(options["table"])
         self.run_sd = float(run_sd)
-        self._pooled_sd: float | None = None
+        self._pooled_sd = self.table.run_to_run_sd()   # the spread between runs of one layout, whole table
         # torchtitan's own estimate: the prior a live torchtitan campaign starts from (never the table)
         from attune.stacks.torchtitan.stack import TorchtitanStack
         first = next(iter(self.table.records.values()))[0]
@@ -137,8 +137,6 @@ class MeasuredStack:
         frozen world shipped a layout slower than its baseline past a 0.9% band measured that way."""
         if recorded_runs == 1:
             return self.run_sd
-        if self._pooled_sd is None:
-            self._pooled_sd = self.table.run_to_run_sd()
         return self._pooled_sd / float(np.sqrt(recorded_runs))
 
     def run_trial(self, recipe: Recipe, steps: int, seed: int, workdir: Path) -> TrialResult:
@@ -158,7 +156,8 @@ class MeasuredStack:
             return TrialResult(status=TrialStatus(record["status"]) if record["status"] != "ok" else TrialStatus.CRASH,
                                wall_time_s=record["wall_time_s"], message=f"replayed: {record.get('message', '')}",
                                peak_memory_gib=record.get("peak_memory_gib"), **base)
-        luck = float(np.exp(rng.normal(0.0, self._luck_sd(len(runs))))) if self._luck_sd(len(runs)) > 0 else 1.0
+        luck_sd = self._luck_sd(len(runs))
+        luck = float(np.exp(rng.normal(0.0, luck_sd))) if luck_sd > 0 else 1.0
         step_s = [tokens / (t * luck) for t in step_tps]
         startup = max(0.0, record["wall_time_s"] - record.get("steps_logged", warmup + len(step_s)) * float(np.mean(step_s)))
         peak = self.table.peak_gib(levers)

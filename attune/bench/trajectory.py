@@ -1,8 +1,8 @@
 """What a campaign would have shipped had it stopped after each trial, replayed from its trials.
 
 The campaign does not store its incumbent's history, only every trial in order. The rules are the
-campaign's own, applied to the same records in the same order: a trial becomes the incumbent by
-attune.campaign.engine.beats_incumbent; stopping ships the incumbent if the gate passes it, and a
+campaign's own, applied to the same records in the same order: the incumbent after each trial is
+attune.campaign.engine.best_measured; stopping ships the incumbent if the gate passes it, and a
 refused incumbent falls back on attune.campaign.engine.best_exact. The gate's real verdicts are
 known for the candidates the campaign gated and the layouts its planner probed; any other incumbent
 is judged by the gate's public config check (objective fields, known defects), and a numerics-tier
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from attune.campaign.engine import beats_incumbent, best_exact
+from attune.campaign.engine import best_exact, best_measured
 from attune.campaign.state import CampaignState
 from attune.levers import layout_key
 from attune.planners.gate_rules import GateRules
@@ -30,9 +30,8 @@ def _incumbents(state: CampaignState):
         spent += record.result.gpu_hours
         if record.role == "baseline" and incumbent is None and record.result.ok:
             incumbent = record.levers
-        elif (record.role == "trial" and record.result.ok and incumbent is not None and record.levers != incumbent
-              and beats_incumbent(state.trials[: i + 1], record.levers, incumbent, state.noise_rel_sd)):
-            incumbent = record.levers
+        elif record.role == "trial" and record.result.ok and incumbent is not None:
+            incumbent = best_measured(state.trials[: i + 1], state.noise_rel_sd) or incumbent
         if incumbent is not None:
             yield i, spent, incumbent
 

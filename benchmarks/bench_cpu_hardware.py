@@ -134,8 +134,9 @@ def campaigns(out: Path, world: dict, budget: float, seeds: int, planners: tuple
         for seed in range(seeds):
             started = time.monotonic()
             options = {"table": str(world["table"])} | ({"run_sd": world["run_sd"]} if world["run_sd"] else {})
-            settings = CampaignSettings(stack="measured", planner=planner, seed=seed, budget_gpu_hours=budget,
-                                        stack_options=options)
+            name, disabled = _planner(planner)
+            settings = CampaignSettings(stack="measured", planner=name, seed=seed, budget_gpu_hours=budget,
+                                        stack_options=options, disabled_rules=disabled)
             result = tune_campaign(str(world["recipe"]), settings, quiet=True)
             row = _row(planner, seed, budget, result, time.monotonic() - started)
             with rows_path.open("a") as fh:
@@ -145,6 +146,14 @@ def campaigns(out: Path, world: dict, budget: float, seeds: int, planners: tuple
                 f"(measured {100 * row['measured_gain']:+.0f}%), {row['used']:.3f} of {budget:g} process-hours, "
                 f"{row['trials']} runs, {row['seconds']:.0f} s")
     return rows_path
+
+
+def _planner(name: str) -> tuple[str, list[str]]:
+    """A planner name, `attune-no-RULE` being attune with that rule switched off (an ablation)."""
+    from attune.bench.request import ABLATION_PREFIX
+    if name.startswith(ABLATION_PREFIX):
+        return "attune", [name[len(ABLATION_PREFIX):]]
+    return name, []
 
 
 def _row(planner: str, seed: int, budget: float, result, seconds: float) -> dict:
@@ -254,7 +263,10 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=2, help="sweep: runs per layout, in passes (default 2)")
     p.add_argument("--budget", type=float, default=0.25, help="process-hours per campaign (default 0.25)")
     p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--planners", default=",".join(PLANNERS))
+    p.add_argument("--planners", default=",".join(PLANNERS),
+                   help="comma-separated; attune-no-RULE is attune with one rule off (an ablation)")
+    p.add_argument("--ablations", action="store_true",
+                   help="campaigns: add attune-no-RULE for every search rule of the attune planner")
     p.add_argument("--json", action="store_true", help="campaigns, report: the scores as JSON on stdout "
                                                         "(the tables and progress go to stderr)")
     a = p.parse_args()
@@ -271,10 +283,14 @@ def main() -> int:
     if unknown:
         p.error(f"unknown world(s) {', '.join(unknown)}; worlds: {', '.join(worlds)}")
     say = (lambda text: print(text, file=sys.stderr, flush=True)) if a.json else print
+    planners = tuple(a.planners.split(","))
+    if a.ablations:
+        from attune.planners.attune_planner import SEARCH_RULES
+        planners += tuple(f"attune-no-{rule}" for rule in SEARCH_RULES if f"attune-no-{rule}" not in planners)
     scores = []
     for name in names:
         if a.step == "campaigns":
-            campaigns(out, worlds[name], a.budget, a.seeds, tuple(a.planners.split(",")), say)
+            campaigns(out, worlds[name], a.budget, a.seeds, planners, say)
         if a.json:
             with contextlib.redirect_stdout(sys.stderr):
                 scores.append(report(out, worlds[name], a.budget))

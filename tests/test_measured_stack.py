@@ -158,3 +158,12 @@ def test_the_cpu_benchmark_reports_every_world_as_json():
     assert [w["name"] for w in worlds] == ["seq128", "seq128-tight"]
     assert all(w["oracle_gain"] > 1.0 and w["planners"] == {} and w["frozen"] is False for w in worlds)
     assert "measured oracle" in out.stderr
+
+
+def test_the_cpu_benchmark_runs_an_ablation_as_attune_with_one_rule_off():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench_cpu_hardware", REPO / "benchmarks" / "bench_cpu_hardware.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench._planner("attune-no-payback-stop") == ("attune", ["payback-stop"])
+    assert bench._planner("bayes-warm") == ("bayes-warm", [])

@@ -46,8 +46,8 @@ from attune.recipe import Recipe
 from attune.sim.arrays import LayoutArrays
 from attune.space import layout_of
 
-RULES = ("cluster-fit", "residual-gp", "learned-width", "lessons", "memory-risk", "cost-aware", "payback-stop",
-         "gate-safe", "gate-probe", "exact-first")
+SEARCH_RULES = ("cluster-fit", "residual-gp", "learned-width", "lessons", "memory-risk", "cost-aware", "payback-stop")
+RULES = SEARCH_RULES + ("gate-safe", "gate-probe", "exact-first")
 PRICED = 200           # candidates, best by EI x chance to fit, whose trial cost is computed exactly
 GATE_CHECKS = 500      # config checks spent on one proposal at most (about 10 ms each)
 WIDEN = 10             # while none of them is affordable, up to this many times as many are priced

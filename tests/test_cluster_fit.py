@@ -95,3 +95,24 @@ def test_an_out_of_memory_trial_teaches_memory():
     assert not fit.predict(recipe, layout).fits
 
 
+
+
+def test_the_belief_fits_the_cluster_only_from_trials_with_a_breakdown():
+    """Without a profiler breakdown (torchtitan, the CPU benchmark's replays) the fit would be two
+    level ratios; the belief keeps the public estimator there and fits once a breakdown is seen."""
+    from attune.planners.belief import Belief
+    recipe = load_recipe(BENCH / "deepseek_v3_16b_h100x64.toml")
+    layout = recipe.layout()
+    est = estimate_many(recipe, [layout])
+    bare = TrialResult(status=TrialStatus.OK, stack="torchtitan", levers=layout.levers(), gpus=64, wall_time_s=100,
+                       tokens_per_sec_per_gpu=float(est["tps"][0]) / 1.25, step_time_s=float(est["step_s"][0]) * 1.25,
+                       peak_memory_gib=float(est["mem_total_gib"][0]) * 1.2)
+    belief = Belief()
+    belief.update(recipe, [Observation(levers=layout.levers(), result=bare)], 0.02)
+    assert belief.fit.summary() == "" and belief.fit.step_factor == 1.0 and belief.fit.memory_central == 1.0
+    assert ClusterFit.from_trials(recipe, [(layout, bare)]).step_factor == pytest.approx(1.25)   # what it would be
+    profiled = SimStack(cluster_seed=1, world="hard").run_trial(recipe, 10, 1)
+    assert profiled.breakdown.get("compute_s") is not None
+    belief = Belief()
+    belief.update(recipe, [Observation(levers=layout.levers(), result=profiled)], 0.02)
+    assert belief.fit.summary() != ""   # a hard sibling departs from the estimator; the fit says where

@@ -3,8 +3,9 @@ GPU-hour under the model's own error.
 
 Every untried layout of the space gets a predictive distribution of its throughput:
 
-  mean           the public estimator fitted to what the trials measured (cluster-fit;
-                 attune.planners.cluster_fit), plus the lessons the incumbent's diagnosis matches:
+  mean           the public estimator fitted to what the trials' profiler breakdowns measured
+                 (cluster-fit; attune.planners.cluster_fit; the estimator as it is where no trial has
+                 one, attune.planners.belief.profiled), plus the lessons the incumbent's diagnosis matches:
                  each shifts the layouts that make its move by its prior gain, with its own width (lessons)
   uncertainty    a Gaussian process on the fitted model's log-residual (attune.planners.residual_gp):
                  a measured layout tells how far the model is off on layouts a few levers away

@@ -119,7 +119,7 @@ def _short(levers: dict) -> str:
                     if key in levers and (short != "sched" or pp))
 
 
-def campaigns(out: Path, world: dict, budget: float, seeds: int, planners: tuple[str, ...], say=print) -> Path:
+def campaigns(out: Path, world: dict, budget: float, seeds: int, planners: list, say=print) -> Path:
     """Every planner x seed campaign on one world, replayed on its table, afresh (the rows of an
     earlier run and its campaigns are replaced: a campaign of the same identity would resume)."""
     from attune.campaign.context import CampaignSettings
@@ -130,13 +130,13 @@ def campaigns(out: Path, world: dict, budget: float, seeds: int, planners: tuple
     os.environ["ATTUNE_HOME"] = str(folder / "home")
     rows_path = folder / f"campaigns-{budget:g}.jsonl"
     rows_path.unlink(missing_ok=True)
-    for planner in planners:
+    for variant in planners:
+        planner = variant.label
         for seed in range(seeds):
             started = time.monotonic()
             options = {"table": str(world["table"])} | ({"run_sd": world["run_sd"]} if world["run_sd"] else {})
-            name, disabled = _planner(planner)
-            settings = CampaignSettings(stack="measured", planner=name, seed=seed, budget_gpu_hours=budget,
-                                        stack_options=options, disabled_rules=disabled)
+            settings = CampaignSettings(stack="measured", planner=variant.planner, seed=seed, budget_gpu_hours=budget,
+                                        stack_options=options, disabled_rules=list(variant.disabled_rules))
             result = tune_campaign(str(world["recipe"]), settings, quiet=True)
             row = _row(planner, seed, budget, result, time.monotonic() - started)
             with rows_path.open("a") as fh:
@@ -148,12 +148,14 @@ def campaigns(out: Path, world: dict, budget: float, seeds: int, planners: tuple
     return rows_path
 
 
-def _planner(name: str) -> tuple[str, list[str]]:
-    """A planner name, `attune-no-RULE` being attune with that rule switched off (an ablation)."""
-    from attune.bench.request import ABLATION_PREFIX
-    if name.startswith(ABLATION_PREFIX):
-        return "attune", [name[len(ABLATION_PREFIX):]]
-    return name, []
+def planner_variants(text: str, ablations: bool = False) -> list:
+    """The planners to run (attune.bench.request.parse_planners: `attune-no-RULE` is attune with that
+    rule off); `ablations` adds one such variant per search rule of the attune planner."""
+    from attune.bench.request import ABLATION_PREFIX, parse_planners
+    from attune.planners.attune_planner import SEARCH_RULES
+    if ablations:
+        text = ",".join([text, *(ABLATION_PREFIX + rule for rule in SEARCH_RULES)])
+    return parse_planners(text)
 
 
 def _row(planner: str, seed: int, budget: float, result, seconds: float) -> dict:
@@ -270,6 +272,11 @@ def main() -> int:
     p.add_argument("--json", action="store_true", help="campaigns, report: the scores as JSON on stdout "
                                                         "(the tables and progress go to stderr)")
     a = p.parse_args()
+    from attune.errors import InputError
+    try:
+        planners = planner_variants(a.planners, a.ablations)
+    except InputError as err:
+        p.error(str(err))
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     worlds = load_worlds()
@@ -283,10 +290,6 @@ def main() -> int:
     if unknown:
         p.error(f"unknown world(s) {', '.join(unknown)}; worlds: {', '.join(worlds)}")
     say = (lambda text: print(text, file=sys.stderr, flush=True)) if a.json else print
-    planners = tuple(a.planners.split(","))
-    if a.ablations:
-        from attune.planners.attune_planner import SEARCH_RULES
-        planners += tuple(f"attune-no-{rule}" for rule in SEARCH_RULES if f"attune-no-{rule}" not in planners)
     scores = []
     for name in names:
         if a.step == "campaigns":

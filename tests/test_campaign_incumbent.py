@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from attune.campaign import engine
 from attune.campaign.budget import Budget
 from attune.campaign.noise import search_band

@@ -95,8 +95,6 @@ def test_an_out_of_memory_trial_teaches_memory():
     assert not fit.predict(recipe, layout).fits
 
 
-
-
 def test_the_belief_fits_the_cluster_only_from_trials_with_a_breakdown():
     """Without a profiler breakdown (torchtitan, the CPU benchmark's replays) the fit would be two
     level ratios; the belief keeps the public estimator there and fits once a breakdown is seen."""

@@ -160,10 +160,22 @@ def test_the_cpu_benchmark_reports_every_world_as_json():
     assert "measured oracle" in out.stderr
 
 
-def test_the_cpu_benchmark_runs_an_ablation_as_attune_with_one_rule_off():
+def test_the_cpu_benchmark_runs_an_ablation_as_attune_with_one_rule_off(tmp_path):
     import importlib.util
+
+    from attune.planners.attune_planner import SEARCH_RULES
     spec = importlib.util.spec_from_file_location("bench_cpu_hardware", REPO / "benchmarks" / "bench_cpu_hardware.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    assert bench._planner("attune-no-payback-stop") == ("attune", ["payback-stop"])
-    assert bench._planner("bayes-warm") == ("bayes-warm", [])
+    one = bench.planner_variants("bayes-warm,attune-no-payback-stop")
+    assert [(v.label, v.planner, v.disabled_rules) for v in one] == [
+        ("bayes-warm", "bayes-warm", ()), ("attune-no-payback-stop", "attune", ("payback-stop",))]
+    every = bench.planner_variants("attune", ablations=True)
+    assert [v.disabled_rules for v in every] == [()] + [(rule,) for rule in SEARCH_RULES]
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_cpu_hardware.py"), "campaigns",
+                          "--planners", "attune-no-bogus", "--out", str(tmp_path / "out")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "unknown rule 'bogus'" in out.stderr
+    assert not (tmp_path / "out").exists()   # refused before anything is written

@@ -1,8 +1,8 @@
 """The noise band: how large a throughput gain must be before it counts as real.
 
 Run-to-run variation is measured on baseline replicates. During the search the incumbent is the
-best measured layout whose gain over the baseline clears the band (attune.campaign.engine.best_measured); at the end the incumbent is re-measured and
-accepted only if a one-sided t-test against the baseline replicates says, at `alpha`, that its
+best measured layout whose gain over the baseline clears the band (attune.campaign.engine.
+best_measured); at the end the incumbent is re-measured and accepted only if a one-sided t-test against the baseline replicates says, at `alpha`, that its
 gain exceeds the band itself: with the 5% a test allows, a campaign that explores reaches the
 confirmation with a noise-sized incumbent on nearly every well-tuned recipe, and "better than the
 baseline" alone then ships a false gain about one time in twenty.

@@ -94,6 +94,9 @@ def tune_campaign(recipe_path: str, settings: CampaignSettings, cluster: str | N
     with interrupt.stop_on_signals(), stop_on_cancel():
         c = engine.open_campaign(recipe, settings)
         try:
+            if settings.warm_start == "auto" and c.settings.warm_start is None and not quiet:
+                print(f"[attune {c.state.campaign_id}] warm start: no finished campaign of {recipe.name} under "
+                      f"ATTUNE_HOME; a fresh campaign", file=sys.stderr, flush=True)
             return _campaign(c, recipe_path, mlflow_uri, out, store, gpu_pool, quiet)
         except interrupt.StopRequested as stop:
             c.save()
@@ -124,6 +127,8 @@ def _campaign(c: Campaign, recipe_path: str, mlflow_uri: str | None, out: str | 
     baseline = c.recipe.layout().levers()
     if c.state.protocol is not None and c.state.protocol.fitted and not c.state.trials:
         _progress(c, f"protocol fitted to the budget: {c.state.protocol.why}")
+    if c.state.warm is not None and not c.state.trials:
+        _progress(c, c.state.warm.summary())
     while c.state.phase == "baseline" and engine.wants_baseline(c):
         if _measure(c, tracker, "baseline", baseline) is None:
             break

@@ -165,3 +165,20 @@ def test_compiles_cpu_prior_does_not_price_a_compile_trial_out_of_the_cpu_benchm
         engine.record_trial(c, "baseline", base, engine.execute_attempt(c, "baseline", base))
     assert c.estimated_cost(compiled) + 2 * c.estimated_cost(compiled, "confirm") < 0.5 * 0.25
     engine.close_campaign(c)
+
+
+def test_a_warm_start_prices_its_first_compiled_layout_at_the_earlier_campaigns_start_up():
+    """Compile's prior is 100x its truth here; the earlier campaign ran a compiled layout (start-up 30 s
+    against 600 s in the prior): a warm-started campaign prices compiled layouts from that before it
+    runs one itself, and its own runs still decide its step time."""
+    recipe = load_recipe(RECIPE)
+    base = recipe.layout().levers()
+    compiled = base | {COMPILE: True}
+    earlier = [MeasuredRun(levers=compiled, steps=5, wall_time_s=80.0, step_time_s=10.0)]   # fixed 30 s
+    cold, warm = (TrialCosts(prior=_prior(100.0, 5.0, compile_extra=500.0), recipe=recipe) for _ in range(2))
+    own = [MeasuredRun(levers=base, steps=5, wall_time_s=25.0, step_time_s=1.0)]
+    cold.learn(own)
+    warm.learn(own, earlier)
+    assert cold.wall_time_s(recipe_at(recipe, compiled), 10) == pytest.approx(600 * 0.2 + 10)
+    # the largest start-up ratio of compiled runs: the earlier one's (0.05), the step part from this campaign
+    assert warm.wall_time_s(recipe_at(recipe, compiled), 10) == pytest.approx(600 * 0.05 + 10)

@@ -75,6 +75,10 @@ class CampaignSettings(BaseModel):
                                    json_schema_extra=_flag("--gate-steps"))
     gate_seed: int | None = Field(None, ge=0, le=2**32 - 1,
                                   description="the gate's proxy seed (default: the campaign's seed)")
+    warm_start: str | None = Field(None, description="start from an earlier campaign of the same model: its id, "
+                                   "its folder, or auto (the latest finished campaign of this recipe name): its "
+                                   "best layouts are re-measured and, where their ranks hold, its trials are the "
+                                   "planner's prior data", json_schema_extra=_flag("--warm-start", metavar="CAMPAIGN"))
     stack_options: dict[str, Any] = Field(default_factory=dict, description="the stack's own options "
                                           "(the simulated cluster on sim)")
     planner_options: dict[str, Any] = Field(default_factory=dict, description="the planner's own options "
@@ -143,7 +147,8 @@ class CampaignSettings(BaseModel):
                 "stack_options": self.stack_options,
                 **({"protocol": self.protocol} if self.protocol != "budget" else {}),
                 **({"training_hours": self.training_hours} if self.training_hours != DEFAULT_TRAINING_HOURS else {}),
-                **({"gate_seed": self.gate_seed} if self.gate_seed is not None else {})}
+                **({"gate_seed": self.gate_seed} if self.gate_seed is not None else {}),
+                **({"warm_start": self.warm_start} if self.warm_start else {})}
 
 
 @dataclass
@@ -235,5 +240,8 @@ class Campaign:
             MeasuredRun(levers=t.levers, steps=(t.steps or self.trial_steps(t.levers, t.role)) if t.result.ok else 0,
                         wall_time_s=t.result.wall_time_s, step_time_s=(t.result.step_time_s or 0.0) if t.result.ok else 0.0)
             for t in self.state.trials if t.result.ok or t.result.status.value == "oom"]
-        self._trial_costs.learn(runs)
+        earlier = [] if self.state is None or self.state.warm is None else [
+            MeasuredRun(levers=r.levers, steps=r.steps, wall_time_s=r.wall_time_s, step_time_s=r.step_time_s)
+            for r in self.state.warm.runs]
+        self._trial_costs.learn(runs, earlier)
         return self._trial_costs

@@ -17,6 +17,11 @@ separate its two parts; a finished run shows both too (its wall time, its step t
 So a prior that is wrong by 100x (compile's start-up on a CPU) stops pricing every layout after the
 first run of its kind, and one that is too low raises every estimate after the first run. Nothing
 here is stored apart from the campaign's trials: a resumed campaign learns the same.
+
+A warm-started campaign (attune.campaign.warm_start) also learns the start-up ratios of the earlier
+campaign's runs (`earlier`): before its first compiled run, a compiled layout is priced at the
+start-up compiled runs took there, not at the prior. Their step times are not carried: the change
+that made the re-tune may be exactly what moved them.
 """
 
 from __future__ import annotations
@@ -54,9 +59,10 @@ class TrialCosts:
     _learned: int = -1
     _parts: dict[tuple, tuple[float, float]] = field(default_factory=dict)   # the prior's, per layout and steps
 
-    def learn(self, runs: Sequence[MeasuredRun]) -> None:
+    def learn(self, runs: Sequence[MeasuredRun], earlier: Sequence[MeasuredRun] = ()) -> None:
         """What the campaign's runs measured (cheap when nothing new came in): a successful run both
-        parts, an out-of-memory one (step_time_s 0: it ended after its first step) its start-up."""
+        parts, an out-of-memory one (step_time_s 0: it ended after its first step) its start-up;
+        `earlier` runs (a warm start's) their start-up only."""
         from attune.space import recipe_at
 
         runs = [r for r in runs if r.wall_time_s > 0]
@@ -64,6 +70,11 @@ class TrialCosts:
             return
         self._learned, self.runs_seen, own = len(runs), runs, {}
         self._fixed_ratios, self._step_ratios = {True: [], False: []}, []
+        for r in earlier:
+            prior_fixed, _ = self.parts(recipe_at(self.recipe, r.levers), r.steps)
+            if r.wall_time_s > 0 and prior_fixed > 0:
+                fixed = max(0.0, r.wall_time_s - r.steps * r.step_time_s)
+                self._fixed_ratios[_compiled(r.levers)].append(fixed / prior_fixed)
         for r in runs:
             fixed = max(0.0, r.wall_time_s - r.steps * r.step_time_s)
             prior_fixed, prior_step = self.parts(recipe_at(self.recipe, r.levers), r.steps)

@@ -16,11 +16,13 @@ import numpy as np
 
 from attune import interrupt
 from attune.campaign import protocol as proto
+from attune.campaign import warm_start
 from attune.campaign.budget import Budget, gpu_hours
 from attune.campaign.context import Campaign, CampaignSettings
 from attune.campaign.diagnosis import diagnose
 from attune.campaign.gate_runs import gate_reserve, probe_layout
-from attune.campaign.noise import MIN_RELATIVE_SD, campaign_spread, clears_band, gain_is_real, relative_sd, search_band
+from attune.campaign.noise import (MIN_RELATIVE_SD, campaign_spread, clears_band, gain_is_real, pool_spreads,
+                                   relative_sd, search_band)
 from attune.campaign.state import CampaignState, PendingTrial, Role, TrialRecord, campaign_folder, campaign_id
 from attune.campaign.tier import gate_verdict
 from attune.errors import InputError
@@ -103,6 +105,7 @@ def choose_protocol(c: Campaign) -> proto.Protocol:
 def open_campaign(recipe: Recipe, settings: CampaignSettings, home: Path | None = None) -> Campaign:
     """Resume the campaign with the same identity or start a new one (the settings validated themselves;
     what needs the stack, a budget that pays for one baseline run, is checked here)."""
+    settings, source = resolve_warm_start(recipe, settings, home)
     stack = make_stack(settings.stack, **settings.stack_options)
     planner = make_planner(settings.planner, seed=settings.seed, disabled_rules=frozenset(settings.disabled_rules),
                            **settings.planner_options)
@@ -115,6 +118,8 @@ def open_campaign(recipe: Recipe, settings: CampaignSettings, home: Path | None 
     toml = dump_recipe(recipe)
     cid = campaign_id(toml, **settings.identity())
     directory = campaign_folder(recipe.name, cid, home)
+    # read before the folder exists: an earlier campaign that cannot be used leaves nothing behind
+    warm = warm_start.load(source, recipe) if source and not (directory / "state.json").is_file() else None
     lock = _hold_lock(directory)
     path = directory / "state.json"
     try:
@@ -127,7 +132,8 @@ def open_campaign(recipe: Recipe, settings: CampaignSettings, home: Path | None 
         else:
             state = CampaignState(campaign_id=cid, recipe_toml=toml, settings=settings.model_dump(mode="json"),
                                   budget=Budget(total_gpu_hours=settings.budget_gpu_hours),
-                                  protocol=choose_protocol(probe))
+                                  protocol=choose_protocol(probe),
+                                  warm=warm)
     except BaseException:
         lock.close()
         raise
@@ -140,7 +146,18 @@ def open_campaign(recipe: Recipe, settings: CampaignSettings, home: Path | None 
 def campaign_directory(recipe: Recipe, settings: CampaignSettings, home: Path | None = None) -> Path:
     """Where the campaign of this recipe and these settings keeps its state (the same command, the
     same folder: that is how a re-run resumes)."""
+    settings, _ = resolve_warm_start(recipe, settings, home)
     return campaign_folder(recipe.name, campaign_id(dump_recipe(recipe), **settings.identity()), home)
+
+
+def resolve_warm_start(recipe: Recipe, settings: CampaignSettings, home: Path | None = None
+                       ) -> tuple[CampaignSettings, Path | None]:
+    """The settings with --warm-start named by the earlier campaign's folder (so `auto` is one campaign's
+    identity), and that folder; `auto` with no finished campaign of this recipe: no warm start."""
+    if not settings.warm_start:
+        return settings, None
+    source = warm_start.find_source(settings.warm_start, recipe.name, home)
+    return settings.model_copy(update={"warm_start": source.name if source else None}), source
 
 
 def check_resumable(recipe: Recipe, settings: CampaignSettings, home: Path | None = None) -> None:
@@ -149,6 +166,10 @@ def check_resumable(recipe: Recipe, settings: CampaignSettings, home: Path | Non
     path = campaign_directory(recipe, settings, home) / "state.json"
     if path.is_file():
         CampaignState.load(path)
+    else:
+        _, source = resolve_warm_start(recipe, settings, home)
+        if source is not None:
+            warm_start.load(source, recipe)   # an earlier campaign of another model is refused now
 
 
 def _hold_lock(directory: Path):
@@ -311,7 +332,19 @@ def planner_view(c: Campaign, gate_probe: Callable[[dict[str, Any]], bool] | Non
                        gate_probe=gate_probe or (lambda levers: probe_layout(c, levers)),
                        probed={layout_key(p["levers"]): bool(p["passed"]) for p in c.state.gate_probes},
                        noise_rel_sd=c.state.noise_rel_sd or 0.0, settle_cost=lambda levers: settle_cost(c, levers),
-                       training_gpu_hours=c.training_gpu_hours())
+                       training_gpu_hours=c.training_gpu_hours(), prior=_prior(c),
+                       prior_sd=warm_start.prior_sd(c.state.warm) if c.state.warm else 0.0)
+
+
+def _prior(c: Campaign) -> list[Observation]:
+    """The warm start's old layouts as observations (none where its ranks did not hold)."""
+    out = []
+    for levers, tps, peak in warm_start.prior_observations(c.state.warm, c.recipe):
+        status = TrialStatus.OK if tps else TrialStatus.OOM
+        out.append(Observation(levers=levers, result=TrialResult(
+            status=status, stack=c.settings.stack, levers=levers, gpus=c.recipe.cluster.gpus, wall_time_s=0.0,
+            tokens_per_sec_per_gpu=tps, peak_memory_gib=peak, message="an earlier campaign's measurement")))
+    return out
 
 
 def next_proposal(c: Campaign, gate_probe: Callable[[dict[str, Any]], bool] | None = None) -> Proposal | None:
@@ -319,6 +352,9 @@ def next_proposal(c: Campaign, gate_probe: Callable[[dict[str, Any]], bool] | No
     if len([t for t in c.state.trials if t.role == "trial"]) >= c.settings.max_trials:
         c.state.stop_reason = f"trial cap reached ({c.settings.max_trials})"
         return None
+    remeasure = _warm_remeasure(c)
+    if remeasure is not None:
+        return remeasure
     proposal = c.planner.propose(planner_view(c, gate_probe))
     if getattr(c.planner, "usage", None):
         c.state.llm_usage = dict(c.planner.usage)
@@ -327,13 +363,38 @@ def next_proposal(c: Campaign, gate_probe: Callable[[dict[str, Any]], bool] | No
     return proposal
 
 
+def _warm_remeasure(c: Campaign) -> Proposal | None:
+    """With a warm start: the earlier campaign's best layouts re-measured first (those the budget pays
+    for); once they are, the map old → new is fitted and said, once."""
+    warm = c.state.warm
+    if warm is None or warm.map is not None:
+        return None
+    measured = [t.levers for t in c.state.trials]
+    ran = [t.levers for t in c.state.trials if t.result.ok]
+    while (levers := warm_start.next_remeasure(warm, measured, ran)) is not None:
+        if c.state.budget.can_afford(c.estimated_cost(levers) + confirm_reserve(c, levers)):
+            old = next(lay.tps for lay in warm.layouts if lay.levers == levers)
+            return Proposal(levers=levers, rationale=f"warm start: re-measure a best layout of {warm.source} "
+                                                     f"({old:,.0f} tok/s/GPU there)")
+        measured.append(levers)   # not affordable: the map is fitted from what was
+    runs: dict[tuple, list[float]] = {}
+    for t in c.state.trials:
+        if t.result.ok:
+            runs.setdefault(layout_key(t.levers), []).append(t.tps)
+    warm.map = warm_start.fit_map(warm, runs, c.state.noise_rel_sd or 0.0)
+    if c.say:
+        c.say(warm.summary())
+    c.save()
+    return None
+
+
 def wants_baseline(c: Campaign) -> bool:
     """Whether to measure another baseline run (the protocol's; a run it skips is noted with why)."""
     runs = c.state.of_role("baseline")
     baseline = c.recipe.layout().levers()
     more, why = proto.more_baseline(protocol_of(c), len(runs), [t.tps for t in runs if t.result.ok],
                                     c.state.budget.left, c.estimated_cost(baseline, "baseline"),
-                                    gate_reserve(c, baseline))
+                                    gate_reserve(c, baseline), earlier=c.state.warm.spread if c.state.warm else None)
     if why and why not in c.state.skipped:
         c.state.skipped.append(why)
     return more
@@ -455,10 +516,15 @@ def settle_incumbent(c: Campaign) -> tuple[bool, float]:
         # the band from every layout the campaign ran more than once, not the baseline's runs alone: two
         # or three runs make a noisy estimate of the spread, and the band multiplies it
         band = search_band(max(spread[0], MIN_RELATIVE_SD))
+    earlier = warm_start.earlier_spread(c.state.warm)
+    pooled = pool_spreads(campaign_spread(fresh), earlier)
+    if earlier is not None and pooled is not None:
+        # the earlier campaign measured the same noise: the band from both, as the test's spread is
+        band = search_band(max(pooled[0], MIN_RELATIVE_SD))
     if not samples:
         accepted, p, why = False, 1.0, "no confirmation run of the best candidate succeeded, baseline kept"
     else:
-        accepted, p = gain_is_real(base, samples, alpha=alpha, margin=band, spread=spread)
+        accepted, p = gain_is_real(base, samples, alpha=alpha, margin=band, spread=spread, earlier=earlier)
         why = (f"the best candidate's gain did not clear the noise band ({band:.1%}) on confirmation (p={p:.2f}), "
                f"baseline kept")
     if not accepted:

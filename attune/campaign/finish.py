@@ -125,6 +125,11 @@ def campaign_result(c: Campaign) -> dict[str, Any]:
     }
     if s.llm_usage:
         result["llm_usage"] = s.llm_usage
+    if s.warm is not None:
+        holds = bool(s.warm.map and s.warm.map.holds)
+        result["warm_start"] = {"source": s.warm.source, "remeasured": s.warm.remeasure,
+                                "layouts_carried": len(s.warm.layouts) if holds else 0,
+                                "map": s.warm.map.model_dump() if s.warm.map else None}
     s.result = result
     c.save()
     return result

@@ -46,7 +46,8 @@ def clears_band(candidate: list[float], incumbent: list[float], rel_sd: float, c
 
 
 def gain_is_real(baseline: list[float], candidate: list[float], alpha: float = 0.05,
-                 margin: float = 0.0, spread: tuple[float, int] | None = None) -> tuple[bool, float]:
+                 margin: float = 0.0, spread: tuple[float, int] | None = None,
+                 earlier: tuple[float, int] | None = None) -> tuple[bool, float]:
     """One-sided t-test that candidate throughput exceeds baseline by more than `margin` (a relative
     gain: the campaign asks for its noise band); returns (accepted, p-value).
 
@@ -58,18 +59,26 @@ def gain_is_real(baseline: list[float], candidate: list[float], alpha: float = 0
     With one run on each side there is no spread to pool: `spread`, the (log sd, degrees of freedom)
     the campaign measured on layouts it ran more than once (campaign_spread), stands in; without it
     nothing is accepted. An assumed noise floor would pass a noise-sized "gain" about one time in
-    ten on a cluster twice as noisy as assumed."""
+    ten on a cluster twice as noisy as assumed.
+
+    `earlier`: the (log sd, degrees of freedom) an earlier campaign measured on the same cluster (a
+    warm start whose ranks held), pooled with this test's own: the same noise, measured before, so a
+    test of one confirmation run is not left with one degree of freedom."""
     b, c = np.log(np.asarray(baseline, float)), np.log(np.asarray(candidate, float))
     shift = c.mean() - b.mean() - math.log1p(margin)
     if shift <= 0:
         return False, 1.0
     dof = len(b) + len(c) - 2
     squares = float(((b - b.mean()) ** 2).sum() + ((c - c.mean()) ** 2).sum())
-    if dof < 1:
+    if dof < 1 and earlier is None:
         if spread is None or spread[1] < 1:
             return False, float("nan")
         sd, dof = max(spread[0], MIN_RELATIVE_SD), spread[1]
     else:
+        if earlier is not None and earlier[1] >= 1:
+            squares, dof = squares + earlier[0] ** 2 * earlier[1], dof + earlier[1]
+        if dof < 1:
+            return False, float("nan")
         sd = max(math.sqrt(squares / dof), MIN_RELATIVE_SD)
     t = shift / (sd * math.sqrt(1.0 / len(b) + 1.0 / len(c)))
     p = float(stats.t.sf(t, dof))
@@ -85,4 +94,11 @@ def campaign_spread(runs: dict[tuple, list[float]]) -> tuple[float, int] | None:
         if len(logs) > 1:
             squares += float(((logs - logs.mean()) ** 2).sum())
             dof += len(logs) - 1
+    return (math.sqrt(squares / dof), dof) if dof else None
+
+
+def pool_spreads(*spreads: tuple[float, int] | None) -> tuple[float, int] | None:
+    """Spreads (log sd, dof) of the same noise measured apart, pooled; None where none has a dof."""
+    squares = sum(sd ** 2 * dof for sd, dof in filter(None, spreads))
+    dof = sum(dof for _, dof in filter(None, spreads))
     return (math.sqrt(squares / dof), dof) if dof else None

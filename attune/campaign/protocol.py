@@ -120,9 +120,11 @@ def choose(budget: float, replicates: int, steps_per_trial: int, run_cost: float
 
 
 def more_baseline(p: Protocol, runs: int, samples: list[float], left: float, screen_cost: float,
-                  gate_cost: float = 0.0) -> tuple[bool, str]:
+                  gate_cost: float = 0.0, earlier: tuple[float, int] | None = None) -> tuple[bool, str]:
     """Whether to measure another baseline run after `runs` of them (`samples`: the successful ones'
-    throughputs); the text says why not, where a run the fixed protocol measures is skipped."""
+    throughputs); the text says why not, where a run the fixed protocol measures is skipped.
+    `earlier`: the run-to-run spread (log sd, dof) an earlier campaign of this recipe measured (a warm
+    start): where the two runs disagree no more than twice that, the third would only measure it again."""
     if runs < p.baseline_runs:
         return True, ""
     if not p.fitted or runs >= p.max_baseline_runs:
@@ -133,6 +135,9 @@ def more_baseline(p: Protocol, runs: int, samples: list[float], left: float, scr
     spread = relative_sd(samples)
     if spread <= DISAGREE:
         return False, f"{skipped}: the runs agree (relative sd {spread:.2%} <= {DISAGREE:.1%})"
+    if earlier is not None and earlier[1] >= 2 and spread <= 2 * earlier[0]:
+        return False, (f"{skipped}: the runs disagree (relative sd {spread:.2%}) no more than the noise the earlier "
+                       f"campaign measured ({earlier[0]:.2%} over {earlier[1]} degrees of freedom) allows")
     if left - screen_cost < (1 + UNRESERVED_MARGIN) * screen_cost + gate_cost:   # what the first trial must find
         return False, f"{skipped}: the runs disagree (relative sd {spread:.2%}) but a third leaves no search trial"
     return True, ""

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 from attune.campaign.budget import Budget
 from attune.campaign.diagnosis import Symptom
 from attune.campaign.protocol import Protocol
+from attune.campaign.carried import WarmStart
 from attune.errors import InputError
 from attune.files import atomic_write_text, attune_home
 from attune.stacks.base import TrialResult
@@ -78,6 +79,7 @@ class CampaignState(BaseModel):
     protocol: Protocol | None = None        # how it measures (attune.campaign.protocol); None: the fixed one
     skipped: list[str] = []                 # runs the fixed protocol measures that this one skipped, and why
     confirm_plan: dict[str, Any] | None = None   # the incumbent's planned confirmation runs: levers, runs
+    warm: WarmStart | None = None           # what an earlier campaign carried over (attune.campaign.warm_start)
     noise_rel_sd: float | None = None
     noise_band: float | None = None
     pending: PendingTrial | None = None

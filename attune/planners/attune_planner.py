@@ -122,6 +122,7 @@ class AttunePlanner:
         return rule not in self.disabled
 
     def propose(self, view: PlannerView) -> Proposal | None:
+        self.belief.prior, self.belief.prior_sd = list(view.prior), view.prior_sd
         self.belief.update(view.recipe, view.history, view.noise_rel_sd)
         self.gate.see(view, probing=self.on("gate-probe"))
         if self._space is None:
@@ -166,7 +167,7 @@ class AttunePlanner:
             candidates &= ~space.defective   # saves the config checks of layouts it would refuse anyway
         self.stop_reason = ("no moves left: every layout of the space was measured, is predicted not to fit, or is "
                             "one the gate would refuse")
-        ok = [obs for obs in view.history if obs.result.ok and obs.result.tokens_per_sec_per_gpu]
+        ok, _ = belief.rows(view.history)   # a warm start's old layouts too
         if not candidates.any() or not ok or not view.incumbent_tps:
             return []
         # improvement over the incumbent by half the noise band: a layout must beat it by about the band to

@@ -46,6 +46,9 @@ class PlannerView:
                                             # incumbent's (all of them while the incumbent is the baseline)
     training_gpu_hours: float | None = None  # the training the tuned recipe will run (GPU-hours): what a gain
                                             # is worth; None: unknown, a trial is worth any expected gain
+    prior: list[Observation] = field(default_factory=list)   # an earlier campaign's layouts, at this
+                                            # campaign's scale (a warm start whose ranks held): data, not trials
+    prior_sd: float = 0.0                   # the log sd each prior observation carries beyond run-to-run noise
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,17 @@ class Belief:
     fit: ClusterFit = field(default_factory=ClusterFit)
     z_throughput: list[float] = field(default_factory=list)   # out-of-sample misses in predicted sds
     z_memory: list[float] = field(default_factory=list)
+    prior: list = field(default_factory=list)   # an earlier campaign's observations (warm start): GP data
+    prior_sd: float = 0.0                       # the log sd they carry beyond run-to-run noise
     _seen: int = 0
+
+    def rows(self, history) -> tuple[list, int]:
+        """The observations with a throughput the throughput GP conditions on: this campaign's, then
+        the prior's; and how many of them are the prior's."""
+        def measured(obs):
+            return [o for o in obs if o.result.ok and o.result.tokens_per_sec_per_gpu]
+        old = measured(self.prior)
+        return measured(history) + old, len(old)
 
     def update(self, recipe: Recipe, history, noise_sd: float) -> None:
         """Take in the trials not seen yet, each predicted first from those before it."""
@@ -96,13 +106,15 @@ class Belief:
 
         fit = self.fit
         model = np.log(np.maximum((columns or fit.columns(recipe, arrays))["tps"], 1e-12))
-        ok = [o for o in history if o.result.ok and o.result.tokens_per_sec_per_gpu]
+        ok, old = self.rows(history)
         if not ok:
             return model, np.full(len(model), self.throughput_width)
         seen = measured_arrays(recipe, [o.levers for o in ok])
         residuals = (np.log([o.result.tokens_per_sec_per_gpu for o in ok])
                      - np.log(np.maximum(fit.columns(recipe, seen)["tps"], 1e-12)))
-        mean, sd = self.gp.posterior(features(seen), residuals, noise_sd, self.throughput_width, x,
+        noise = np.full(len(ok), max(noise_sd, 0.0))
+        noise[len(ok) - old:] = np.hypot(noise_sd, self.prior_sd)
+        mean, sd = self.gp.posterior(features(seen), residuals, noise, self.throughput_width, x,
                                      priors=priors, correlated=self.correlated)
         return model + mean, sd
 
@@ -114,7 +126,8 @@ class Belief:
         level = np.log(np.maximum((columns or fit.columns(recipe, arrays))["mem_estimate_gib"], 1e-9)
                        * fit.memory_central)
         limit = recipe.cluster.memory_gib
-        seen = [o for o in history if (o.result.ok and o.result.peak_memory_gib) or o.result.status.value == "oom"]
+        seen = [o for o in [*history, *self.prior]
+                if (o.result.ok and o.result.peak_memory_gib) or o.result.status.value == "oom"]
         if not seen:
             return level, np.full(len(level), self.memory_width)
         at = measured_arrays(recipe, [o.levers for o in seen])

@@ -61,11 +61,12 @@ class ResidualGP:
     def __init__(self, config: "ResidualGP.Config | None" = None):
         self.config = config or ResidualGP.Config()
 
-    def posterior(self, x_measured: np.ndarray, residuals: np.ndarray, noise_sd: float, width: float,
+    def posterior(self, x_measured: np.ndarray, residuals: np.ndarray, noise_sd: "float | np.ndarray", width: float,
                   x_candidates: np.ndarray, priors: list[Prior] = (), correlated: bool = True
                   ) -> tuple[np.ndarray, np.ndarray]:
         """The candidates' residuals given the measured ones: posterior mean (priors' shifts included)
-        and sd. With `correlated` off, each layout's residual is independent of every other's."""
+        and sd. `noise_sd`: one for every measured row, or one per row (an earlier campaign's rows carry
+        more). With `correlated` off, each layout's residual is independent of every other's."""
         import torch
         from botorch.models import SingleTaskGP
         from gpytorch.kernels import LinearKernel, RBFKernel, ScaleKernel
@@ -80,7 +81,7 @@ class ResidualGP:
         ind_c = np.stack([p.where for p in priors], axis=1).astype(float) if priors else np.zeros((len(x_candidates), 0))
         train_x = torch.as_tensor(np.hstack([x_measured, ind_m]), dtype=torch.float64)
         train_y = torch.as_tensor(residuals - shift_m, dtype=torch.float64).unsqueeze(-1)
-        noise = max(noise_sd, self.config.min_noise_sd) ** 2
+        noise = np.broadcast_to(np.maximum(noise_sd, self.config.min_noise_sd) ** 2, residuals.shape).copy()
         base = RBFKernel(active_dims=list(range(d)))
         base.lengthscale = self.config.lengthscale if correlated else 1e-6
         kernel = ScaleKernel(base)
@@ -89,7 +90,7 @@ class ResidualGP:
             linear = LinearKernel(active_dims=[d + i])
             linear.variance = p.width ** 2
             kernel = kernel + linear
-        model = SingleTaskGP(train_x, train_y, train_Yvar=torch.full_like(train_y, noise), covar_module=kernel,
+        model = SingleTaskGP(train_x, train_y, train_Yvar=torch.as_tensor(noise, dtype=torch.float64).unsqueeze(-1), covar_module=kernel,
                              mean_module=ZeroMean(), outcome_transform=None)
         model.eval()
         x = torch.as_tensor(np.hstack([x_candidates, ind_c]), dtype=torch.float64)

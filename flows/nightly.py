@@ -145,7 +145,8 @@ def _campaign(r: RegisteredRecipe, base, workdir: Path, night: str, budget: floa
     settings = CampaignSettings.of(budget_gpu_hours=budget, stack=r.stack, planner=r.planner,
                                    seed=night_seed(r.seed, night), steps_per_trial=r.steps_per_trial,
                                    replicates=r.replicates, gate_steps=r.gate_steps, stack_options=dict(r.stack_options),
-                                   planner_options=dict(r.planner_options))
+                                   planner_options=dict(r.planner_options),
+                                   warm_start="auto" if r.warm_start else None)
     state = tune_campaign.with_options(flow_run_name=f"{r.name}-{night}")(
         recipe_path=str(path), settings=settings, mlflow_uri=mlflow_uri, store=store_uri, gpu_pool=r.pool,
         quiet=True, return_state=True)

@@ -200,13 +200,22 @@ def test_nightly_twice_retunes_only_what_changed_and_fails_on_a_standing_regress
     (paths["a"]).write_text(paths["a"].read_text().replace('torch = "2.13.0"', 'torch = "2.14.0"'))
     second = night(stack, registry, "2026-12-02")
     assert second["tuned"] == {"a"}, second          # only the changed recipe; C already tried this stack
+    a_night2 = json.loads((stack.store / "nightly" / "a" / "latest.json").read_text())
+    assert "warm_start" not in a_night2["campaign"]  # nothing of A was tuned before: a fresh campaign
+    (paths["a"]).write_text(paths["a"].read_text().replace('torch = "2.14.0"', 'torch = "2.15.0"'))
+    third = night(stack, registry, "2026-12-03")
+    assert third["tuned"] == {"a"}, third
+    a_night3 = json.loads((stack.store / "nightly" / "a" / "latest.json").read_text())
+    # the re-tune starts from the last night's campaign of the same recipe (issue 37)
+    assert a_night3["campaign"]["warm_start"]["source"] == Path(a_night2["campaign"]["campaign_dir"]).name
 
-    for result in (first, second):                   # C's regression stands: visible as a failed run
+    for result in (first, second, third):            # C's regression stands: visible as a failed run
         message = result["state"]["message"]
         assert result["state"]["type"] == "FAILED" and "c: regressed" in message and "d: InputError" in message
     ledger = {n: json.loads((stack.store / "nightly" / n / "latest.json").read_text()) for n in [*clusters, "d"]}
     assert ledger["d"]["action"] == "failed" and "multiple of gpus_per_node" in ledger["d"]["error"]
-    assert "stack changed" in ledger["a"]["why"] and "torch 2.13.0 -> 2.14.0" in ledger["a"]["why"]
+    assert "stack changed" in a_night2["why"] and "torch 2.13.0 -> 2.14.0" in a_night2["why"]
+    assert "torch 2.14.0 -> 2.15.0" in ledger["a"]["why"]
     assert ledger["a"]["campaign"]["stack"] == "sim" and ledger["a"]["tuned_fingerprint"] == ledger["a"]["fingerprint"]
     assert ledger["b"]["action"] == "none" and not ledger["b"]["remeasure"]["regressed"]
     assert ledger["c"]["open_regression"]["since"] == "2026-12-01"
@@ -218,7 +227,7 @@ def test_nightly_twice_retunes_only_what_changed_and_fails_on_a_standing_regress
     db = sqlite3.connect(stack.mlflow_db)
     nights = db.execute("select count(*) from runs r join experiments e on e.experiment_id = r.experiment_id "
                         "where e.name = 'attune-nightly'").fetchone()[0]
-    assert nights == 8                               # one run per recipe per night
+    assert nights == 12                              # one run per recipe per night
 
 
 def night(stack: Stack, registry: Path, date: str) -> dict:

@@ -44,6 +44,7 @@ class RegisteredRecipe(BaseModel):
     regression_floor: float = Field(default=0.02, ge=0, lt=1)  # slowdowns below this are never regressions
     confidence: float = Field(default=0.95, gt=0.5, lt=1)      # of the regression call
     remeasure: Literal["always", "on_change", "never"] = "always"
+    warm_start: bool = True                     # each night's campaign starts from the last finished one
     enabled: bool = True
 
     @field_validator("name")

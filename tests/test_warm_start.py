@@ -148,6 +148,8 @@ def test_an_earlier_campaign_whose_layouts_this_recipe_does_not_allow_starts_a_f
     assert other.layouts == [] and other.remeasure == []
     assert not other.map.holds and "fresh campaign" in other.map.why
     assert warm_start.prior_observations(other, load_recipe(SEQ512)) == []
+    other.spread = (0.09, 5)   # its noise does not decide this campaign's baseline runs either
+    assert warm_start.baseline_spread(other) is None and warm_start.earlier_spread(other) is None
 
 
 def test_a_warm_start_skips_the_third_baseline_run_where_the_earlier_noise_explains_the_two():

@@ -394,7 +394,7 @@ def wants_baseline(c: Campaign) -> bool:
     baseline = c.recipe.layout().levers()
     more, why = proto.more_baseline(protocol_of(c), len(runs), [t.tps for t in runs if t.result.ok],
                                     c.state.budget.left, c.estimated_cost(baseline, "baseline"),
-                                    gate_reserve(c, baseline), earlier=c.state.warm.spread if c.state.warm else None)
+                                    gate_reserve(c, baseline), earlier=warm_start.baseline_spread(c.state.warm))
     if why and why not in c.state.skipped:
         c.state.skipped.append(why)
     return more

@@ -198,6 +198,14 @@ def earlier_spread(warm: WarmStart | None) -> tuple[float, int] | None:
     return warm.spread
 
 
+def baseline_spread(warm: WarmStart | None) -> tuple[float, int] | None:
+    """The earlier campaign's spread for deciding a third baseline run, before the map is fitted:
+    None where it carried nothing over (another batch or sequence), or where the map did not hold."""
+    if warm is None or (warm.map is not None and not warm.map.holds):
+        return None
+    return warm.spread
+
+
 def prior_sd(warm: WarmStart) -> float:
     """The log sd an old trial carries beyond run-to-run noise: DISCOUNT and the map's own misfit."""
     return math.hypot(DISCOUNT, warm.map.stray if warm.map else 0.0)

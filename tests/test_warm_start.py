@@ -130,13 +130,15 @@ def test_a_warm_start_from_another_model_is_one_line_and_leaves_nothing(cli, wri
 
 
 def test_an_earlier_campaign_whose_layouts_this_recipe_does_not_allow_starts_a_fresh_one(tmp_path):
-    """seq128's batch of 8 has none of seq512's layouts (a batch of 4): nothing transfers, said once."""
+    """A layout that does not divide the new batch does not transfer; with none left, nothing does,
+    said once. A pipeline schedule outside the new search does not matter without a pipeline."""
     from attune.campaign.state import CampaignState, TrialRecord
     from attune.recipe import dump_recipe, load_recipe
     from attune.stacks.base import TrialResult, TrialStatus
 
     old_recipe = load_recipe(SEARCH)
-    levers = old_recipe.layout().levers()
+    # local batch 4 on two data-parallel processes: 8 sequences, seq512's global batch is 4
+    levers = old_recipe.layout().levers() | {"training.local_batch_size": 4}
     record = TrialRecord(index=0, role="baseline", levers=levers, config={}, result=TrialResult(
         status=TrialStatus.OK, stack="measured", levers=levers, gpus=2, wall_time_s=1.0, tokens_per_sec_per_gpu=500.0))
     state = CampaignState(campaign_id="x", recipe_toml=dump_recipe(old_recipe), settings={},
@@ -150,6 +152,10 @@ def test_an_earlier_campaign_whose_layouts_this_recipe_does_not_allow_starts_a_f
     assert warm_start.prior_observations(other, load_recipe(SEQ512)) == []
     other.spread = (0.09, 5)   # its noise does not decide this campaign's baseline runs either
     assert warm_start.baseline_spread(other) is None and warm_start.earlier_spread(other) is None
+    # the baseline layout itself (pp 1, schedule 1F1B where seq512 searches Interleaved1F1B) transfers
+    state.trials[0] = record.model_copy(update={"levers": old_recipe.layout().levers()})
+    state.save(tmp_path / "state.json")
+    assert len(warm_start.load(tmp_path, load_recipe(SEQ512)).layouts) == 1
 
 
 def test_a_warm_start_skips_the_third_baseline_run_where_the_earlier_noise_explains_the_two():

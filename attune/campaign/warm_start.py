@@ -28,6 +28,7 @@ from attune.campaign.listing import find_campaign, list_campaigns
 from attune.campaign.noise import campaign_spread
 from attune.campaign.state import CampaignState, TrialRecord
 from attune.errors import InputError
+from attune.layout import PP, PP_MICROBATCH, PP_SCHEDULE
 from attune.levers import layout_key
 from attune.space import layout_of, lever_domains
 
@@ -107,7 +108,7 @@ def _layouts(trials: list[TrialRecord], recipe) -> list[OldLayout]:
     out = []
     for key, runs in grouped.items():
         levers = dict(key)
-        if any(k in domains and v not in domains[k] for k, v in levers.items()) or not _valid(recipe, levers):
+        if not _in_space(levers, domains) or not _valid(recipe, levers):
             continue
         ok = [t for t in runs if t.result.ok and t.tps]
         peaks = [t.result.peak_memory_gib for t in ok if t.result.peak_memory_gib]
@@ -116,6 +117,14 @@ def _layouts(trials: list[TrialRecord], recipe) -> list[OldLayout]:
                              oom=not ok and any(t.result.status.value == "oom" for t in runs)))
     out = [lay for lay in out if lay.tps or lay.oom]
     return sorted(out, key=lambda lay: -(lay.tps or 0.0))
+
+
+def _in_space(levers: dict[str, Any], domains: dict[str, list]) -> bool:
+    """Every lever within this recipe's search, a pipeline schedule and micro-batch only where there is
+    a pipeline (without one they are placeholders: seq512's space lists one schedule, not 1F1B)."""
+    piped = levers.get(PP, 1) > 1
+    return all(v in domains[k] for k, v in levers.items()
+               if k in domains and (piped or k not in (PP_SCHEDULE, PP_MICROBATCH)))
 
 
 def _valid(recipe, levers: dict[str, Any]) -> bool:

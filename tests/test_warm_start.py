@@ -106,7 +106,7 @@ def test_a_re_tune_on_real_sweeps_re_measures_the_shipped_layout_and_carries_the
     result = json.loads(again.stdout)
     carried = result["warm_start"]
     assert carried["source"] == Path(old["campaign_dir"]).name
-    assert carried["remeasured"][0] == old["best"]["levers"]
+    assert old["best"]["levers"] in carried["remeasured"]   # the shipped one, measured again
     assert carried["map"]["holds"] and carried["layouts_carried"] >= 3
     assert "the ranks hold" in again.stderr
     state = json.loads((Path(result["campaign_dir"]) / "state.json").read_text())

@@ -11,6 +11,7 @@ from attune.campaign.engine import mean_tps, protocol_of
 from attune.campaign.gate_runs import gate_report
 from attune.campaign.payback import payback_hours
 from attune.recipe import Recipe, write_recipe
+from attune.levers import layout_key
 from attune.lessons.catalog import Evidence, append_evidence, user_evidence_file
 
 
@@ -127,7 +128,9 @@ def campaign_result(c: Campaign) -> dict[str, Any]:
         result["llm_usage"] = s.llm_usage
     if s.warm is not None:
         holds = bool(s.warm.map and s.warm.map.holds)
-        result["warm_start"] = {"source": s.warm.source, "remeasured": s.warm.remeasure,
+        old = {layout_key(lay.levers) for lay in s.warm.layouts}
+        ran = {layout_key(t.levers): t.levers for t in s.trials if t.result.ok and layout_key(t.levers) in old}
+        result["warm_start"] = {"source": s.warm.source, "remeasured": list(ran.values()),
                                 "layouts_carried": len(s.warm.layouts) if holds else 0,
                                 "map": s.warm.map.model_dump() if s.warm.map else None}
     s.result = result

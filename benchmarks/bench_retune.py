@@ -18,9 +18,9 @@ replayed by the `measured` stack), simulated ones on the simulated cluster's gro
 
 `--json` prints {"scenarios": [{"name", "measured", "old_gain", "fresh_gain", "fresh_gpu_hours",
 "warm_gain", "warm_gpu_hours", "fresh_third_gain", "fresh_third_gpu_hours", "warm_below_old",
-"ranks_held"}]} (means over seeds; warm_below_old
-counts the seeds whose warm re-tune shipped a layout slower than the first campaign's, re-measured
-in the changed world).
+"ranks_held"}]} (means over seeds; warm_below_old counts the seeds whose warm re-tune shipped a
+layout slower than the first campaign's, re-measured in the changed world). About 6 minutes for
+the two CPU scenarios at 5 seeds, 4 minutes per seed of a simulated one, on 2 cores.
 """
 
 from __future__ import annotations

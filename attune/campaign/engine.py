@@ -105,7 +105,7 @@ def choose_protocol(c: Campaign) -> proto.Protocol:
 def open_campaign(recipe: Recipe, settings: CampaignSettings, home: Path | None = None) -> Campaign:
     """Resume the campaign with the same identity or start a new one (the settings validated themselves;
     what needs the stack, a budget that pays for one baseline run, is checked here)."""
-    settings, source = resolve_warm_start(recipe, settings, home)
+    settings, source = warm_start.resolve(recipe, settings, home)
     stack = make_stack(settings.stack, **settings.stack_options)
     planner = make_planner(settings.planner, seed=settings.seed, disabled_rules=frozenset(settings.disabled_rules),
                            **settings.planner_options)
@@ -146,18 +146,8 @@ def open_campaign(recipe: Recipe, settings: CampaignSettings, home: Path | None 
 def campaign_directory(recipe: Recipe, settings: CampaignSettings, home: Path | None = None) -> Path:
     """Where the campaign of this recipe and these settings keeps its state (the same command, the
     same folder: that is how a re-run resumes)."""
-    settings, _ = resolve_warm_start(recipe, settings, home)
+    settings, _ = warm_start.resolve(recipe, settings, home)
     return campaign_folder(recipe.name, campaign_id(dump_recipe(recipe), **settings.identity()), home)
-
-
-def resolve_warm_start(recipe: Recipe, settings: CampaignSettings, home: Path | None = None
-                       ) -> tuple[CampaignSettings, Path | None]:
-    """The settings with --warm-start named by the earlier campaign's folder (so `auto` is one campaign's
-    identity), and that folder; `auto` with no finished campaign of this recipe: no warm start."""
-    if not settings.warm_start:
-        return settings, None
-    source = warm_start.find_source(settings.warm_start, recipe.name, home)
-    return settings.model_copy(update={"warm_start": source.name if source else None}), source
 
 
 def check_resumable(recipe: Recipe, settings: CampaignSettings, home: Path | None = None) -> None:
@@ -167,7 +157,7 @@ def check_resumable(recipe: Recipe, settings: CampaignSettings, home: Path | Non
     if path.is_file():
         CampaignState.load(path)
     else:
-        _, source = resolve_warm_start(recipe, settings, home)
+        _, source = warm_start.resolve(recipe, settings, home)
         if source is not None:
             warm_start.load(source, recipe)   # an earlier campaign of another model is refused now
 
@@ -332,19 +322,8 @@ def planner_view(c: Campaign, gate_probe: Callable[[dict[str, Any]], bool] | Non
                        gate_probe=gate_probe or (lambda levers: probe_layout(c, levers)),
                        probed={layout_key(p["levers"]): bool(p["passed"]) for p in c.state.gate_probes},
                        noise_rel_sd=c.state.noise_rel_sd or 0.0, settle_cost=lambda levers: settle_cost(c, levers),
-                       training_gpu_hours=c.training_gpu_hours(), prior=_prior(c),
+                       training_gpu_hours=c.training_gpu_hours(), prior=warm_start.observations(c.state.warm, c.recipe, c.settings.stack),
                        prior_sd=warm_start.prior_sd(c.state.warm) if c.state.warm else 0.0)
-
-
-def _prior(c: Campaign) -> list[Observation]:
-    """The warm start's old layouts as observations (none where its ranks did not hold)."""
-    out = []
-    for levers, tps, peak in warm_start.prior_observations(c.state.warm, c.recipe):
-        status = TrialStatus.OK if tps else TrialStatus.OOM
-        out.append(Observation(levers=levers, result=TrialResult(
-            status=status, stack=c.settings.stack, levers=levers, gpus=c.recipe.cluster.gpus, wall_time_s=0.0,
-            tokens_per_sec_per_gpu=tps, peak_memory_gib=peak, message="an earlier campaign's measurement")))
-    return out
 
 
 def next_proposal(c: Campaign, gate_probe: Callable[[dict[str, Any]], bool] | None = None) -> Proposal | None:

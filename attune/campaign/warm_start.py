@@ -24,13 +24,16 @@ from typing import Any
 import numpy as np
 
 from attune.campaign.carried import OldLayout, OldRun, RankMap, WarmStart
+from attune.campaign.context import CampaignSettings
 from attune.campaign.listing import find_campaign, list_campaigns
 from attune.campaign.noise import campaign_spread
 from attune.campaign.state import CampaignState, TrialRecord
 from attune.errors import InputError
 from attune.layout import PP, PP_MICROBATCH, PP_SCHEDULE
 from attune.levers import layout_key
+from attune.planners.base import Observation
 from attune.space import layout_of, lever_domains
+from attune.stacks.base import TrialResult, TrialStatus
 
 MAP_PAIRS = 2          # layouts measured in both campaigns the map is fitted from (the baseline is one, where
                        # the earlier campaign ran it): a run of a 64-GPU MoE recipe is 3 GPU-hours, and a re-tune's
@@ -40,6 +43,15 @@ SPARE = 2              # more listed, where some of them fail now (out of memory
 DISCOUNT = 0.05        # log sd added to an old trial: the map is fitted from a few noisy pairs
 STRAY = 2.5            # a re-measured layout further than this many pair sds from the map: the ranks moved
 FLAG = "--warm-start"
+
+
+def resolve(recipe, settings: CampaignSettings, home: Path | None = None) -> tuple[CampaignSettings, Path | None]:
+    """The settings with --warm-start named by the earlier campaign's folder (so `auto` is one
+    campaign's identity), and that folder; `auto` with no finished campaign of this recipe: none."""
+    if not settings.warm_start:
+        return settings, None
+    source = find_source(settings.warm_start, recipe.name, home)
+    return settings.model_copy(update={"warm_start": source.name if source else None}), source
 
 
 def find_source(ref: str, recipe_name: str, home: Path | None = None) -> Path | None:
@@ -213,6 +225,17 @@ def baseline_spread(warm: WarmStart | None) -> tuple[float, int] | None:
     if warm is None or (warm.map is not None and not warm.map.holds):
         return None
     return warm.spread
+
+
+def observations(warm: WarmStart | None, recipe, stack: str) -> list[Observation]:
+    """The old layouts as the planner sees them (prior_observations; none where the ranks did not hold)."""
+    out = []
+    for levers, tps, peak in prior_observations(warm, recipe):
+        status = TrialStatus.OK if tps else TrialStatus.OOM
+        out.append(Observation(levers=levers, result=TrialResult(
+            status=status, stack=stack, levers=levers, gpus=recipe.cluster.gpus, wall_time_s=0.0,
+            tokens_per_sec_per_gpu=tps, peak_memory_gib=peak, message="an earlier campaign's measurement")))
+    return out
 
 
 def prior_sd(warm: WarmStart) -> float:

@@ -15,6 +15,8 @@ replayed by the `measured` stack), simulated ones on the simulated cluster's gro
     sim-h200       DeepSeek-V3 16B on 64 H100 -> 64 H200 (simulated, realistic world)
     sim-cluster    the same recipe on another simulated H100 cluster of the realistic world (its
                    departures from the estimator differ: a change that can reorder the layouts)
+    sim-h200-qwen  Qwen3-30B-A3B on 128 H100 -> 128 H200 (simulated; added after the warm-start rule
+                   was chosen on the four above, as a check it was not fitted to them)
 
 `--json` prints {"scenarios": [{"name", "measured", "old_gain", "fresh_gain", "fresh_gpu_hours",
 "warm_gain", "warm_gpu_hours", "fresh_third_gain", "fresh_third_gpu_hours", "warm_below_old",
@@ -56,6 +58,10 @@ SCENARIOS = {
                  "after": {"cluster": "h200:64", "cluster_seed": 1}},
     "sim-cluster": {"measured": False, "before": {"cluster": None, "cluster_seed": 1},
                     "after": {"cluster": None, "cluster_seed": 2}},
+    # run after the rule was chosen on the four above: a check it was not fitted to
+    "sim-h200-qwen": {"measured": False, "before": {"recipe": "qwen3_30b_a3b_h100x128.toml", "cluster": None,
+                                                    "cluster_seed": 1},
+                      "after": {"recipe": "qwen3_30b_a3b_h100x128.toml", "cluster": "h200:128", "cluster_seed": 1}},
 }
 
 
@@ -74,7 +80,8 @@ class World:
             from attune.stacks.measured import MeasuredTable
             self.table = MeasuredTable(self.world["table"])
         else:
-            self.recipe_path, self.cluster = str(SIM_RECIPE), spec["cluster"]
+            recipe = SIM_RECIPE.parent / spec["recipe"] if "recipe" in spec else SIM_RECIPE
+            self.recipe_path, self.cluster = str(recipe), spec["cluster"]
             self.options = {"cluster_seed": spec["cluster_seed"], "world": "realistic"}
             self.stack = "sim"
         self.recipe = load_campaign_recipe(self.recipe_path, self.cluster)

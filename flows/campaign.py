@@ -94,9 +94,9 @@ def tune_campaign(recipe_path: str, settings: CampaignSettings, cluster: str | N
     with interrupt.stop_on_signals(), stop_on_cancel():
         c = engine.open_campaign(recipe, settings)
         try:
-            if settings.warm_start == "auto" and c.settings.warm_start is None and not quiet:
-                print(f"[attune {c.state.campaign_id}] warm start: no finished campaign of {recipe.name} under "
-                      f"ATTUNE_HOME; a fresh campaign", file=sys.stderr, flush=True)
+            if settings.warm_start == "auto" and c.settings.warm_start is None:
+                c.quiet = quiet
+                _progress(c, f"warm start: no finished campaign of {recipe.name} under ATTUNE_HOME; a fresh campaign")
             return _campaign(c, recipe_path, mlflow_uri, out, store, gpu_pool, quiet)
         except interrupt.StopRequested as stop:
             c.save()

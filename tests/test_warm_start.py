@@ -149,7 +149,7 @@ def test_an_earlier_campaign_whose_layouts_this_recipe_does_not_allow_starts_a_f
     other = warm_start.load(tmp_path, load_recipe(SEQ512))
     assert other.layouts == [] and other.remeasure == []
     assert not other.map.holds and "fresh campaign" in other.map.why
-    assert warm_start.prior_observations(other, load_recipe(SEQ512)) == []
+    assert warm_start.observations(other, load_recipe(SEQ512), "measured") == []
     other.spread = (0.09, 5)   # its noise does not decide this campaign's baseline runs either
     assert warm_start.baseline_spread(other) is None and warm_start.earlier_spread(other) is None
     # the baseline layout itself (pp 1, schedule 1F1B where seq512 searches Interleaved1F1B) transfers

@@ -8,22 +8,15 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from attune.campaign.costs import MeasuredRun
+
 
 class OldLayout(BaseModel):
     """One layout the earlier campaign measured: its mean throughput and peak memory, or that it OOMed."""
     levers: dict[str, Any]
     tps: float | None = None          # mean tokens/s/GPU of its successful runs (None: none succeeded)
-    runs: int = 0
     peak_memory_gib: float | None = None
     oom: bool = False
-
-
-class OldRun(BaseModel):
-    """One run of the earlier campaign as the cost model reads it (attune.campaign.costs)."""
-    levers: dict[str, Any]
-    steps: int
-    wall_time_s: float
-    step_time_s: float
 
 
 class RankMap(BaseModel):
@@ -44,7 +37,7 @@ class WarmStart(BaseModel):
     spread: tuple[float, int] | None = None   # its run-to-run log sd pooled over every layout it ran twice, dof
     shipped: dict[str, Any] | None = None
     layouts: list[OldLayout] = []     # best first
-    runs: list[OldRun] = []           # its runs of those layouts: their start-ups price this campaign's first
+    runs: list[MeasuredRun] = []      # its runs of those layouts: their start-ups price this campaign's first
     remeasure: list[dict[str, Any]] = []
     map: RankMap | None = None
 

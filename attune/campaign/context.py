@@ -240,8 +240,5 @@ class Campaign:
             MeasuredRun(levers=t.levers, steps=(t.steps or self.trial_steps(t.levers, t.role)) if t.result.ok else 0,
                         wall_time_s=t.result.wall_time_s, step_time_s=(t.result.step_time_s or 0.0) if t.result.ok else 0.0)
             for t in self.state.trials if t.result.ok or t.result.status.value == "oom"]
-        earlier = [] if self.state is None or self.state.warm is None else [
-            MeasuredRun(levers=r.levers, steps=r.steps, wall_time_s=r.wall_time_s, step_time_s=r.step_time_s)
-            for r in self.state.warm.runs]
-        self._trial_costs.learn(runs, earlier)
+        self._trial_costs.learn(runs, [] if self.state is None or self.state.warm is None else self.state.warm.runs)
         return self._trial_costs

@@ -63,28 +63,32 @@ class TrialCosts:
         """What the campaign's runs measured (cheap when nothing new came in): a successful run both
         parts, an out-of-memory one (step_time_s 0: it ended after its first step) its start-up;
         `earlier` runs (a warm start's) their start-up only."""
-        from attune.space import recipe_at
-
         runs = [r for r in runs if r.wall_time_s > 0]
         if len(runs) == self._learned:
             return
         self._learned, self.runs_seen, own = len(runs), runs, {}
         self._fixed_ratios, self._step_ratios = {True: [], False: []}, []
         for r in earlier:
-            prior_fixed, _ = self.parts(recipe_at(self.recipe, r.levers), r.steps)
-            if r.wall_time_s > 0 and prior_fixed > 0:
-                fixed = max(0.0, r.wall_time_s - r.steps * r.step_time_s)
-                self._fixed_ratios[_compiled(r.levers)].append(fixed / prior_fixed)
+            if r.wall_time_s > 0:
+                self._learn_start_up(r)
         for r in runs:
-            fixed = max(0.0, r.wall_time_s - r.steps * r.step_time_s)
-            prior_fixed, prior_step = self.parts(recipe_at(self.recipe, r.levers), r.steps)
-            if prior_fixed > 0:
-                self._fixed_ratios[_compiled(r.levers)].append(fixed / prior_fixed)
+            fixed, prior_step = self._learn_start_up(r)
             if r.step_time_s > 0:
                 own.setdefault(layout_key(r.levers), []).append((fixed, r.step_time_s))
                 if prior_step > 0:
                     self._step_ratios.append(r.step_time_s / prior_step)
         self._own = {k: (sum(f for f, _ in v) / len(v), sum(s for _, s in v) / len(v)) for k, v in own.items()}
+
+    def _learn_start_up(self, r: MeasuredRun) -> tuple[float, float]:
+        """Keep the run's fixed part against the prior's (by compile setting); (its fixed seconds, the
+        prior's seconds per step)."""
+        from attune.space import recipe_at
+
+        fixed = max(0.0, r.wall_time_s - r.steps * r.step_time_s)
+        prior_fixed, prior_step = self.parts(recipe_at(self.recipe, r.levers), r.steps)
+        if prior_fixed > 0:
+            self._fixed_ratios[_compiled(r.levers)].append(fixed / prior_fixed)
+        return fixed, prior_step
 
     def parts(self, recipe: Recipe, steps: int) -> tuple[float, float]:
         """The prior's (fixed seconds, seconds per measured step) for this recipe (memoised: a

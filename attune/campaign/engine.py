@@ -153,13 +153,12 @@ def campaign_directory(recipe: Recipe, settings: CampaignSettings, home: Path | 
 def check_resumable(recipe: Recipe, settings: CampaignSettings, home: Path | None = None) -> None:
     """Refuse now, in one line, a campaign whose saved state cannot be resumed (before any server or
     flow starts)."""
-    path = campaign_directory(recipe, settings, home) / "state.json"
+    settings, source = warm_start.resolve(recipe, settings, home)
+    path = campaign_folder(recipe.name, campaign_id(dump_recipe(recipe), **settings.identity()), home) / "state.json"
     if path.is_file():
         CampaignState.load(path)
-    else:
-        _, source = warm_start.resolve(recipe, settings, home)
-        if source is not None:
-            warm_start.load(source, recipe)   # an earlier campaign of another model is refused now
+    elif source is not None:
+        warm_start.load(source, recipe)   # an earlier campaign of another model is refused now
 
 
 def _hold_lock(directory: Path):
@@ -356,11 +355,7 @@ def _warm_remeasure(c: Campaign) -> Proposal | None:
             return Proposal(levers=levers, rationale=f"warm start: re-measure a best layout of {warm.source} "
                                                      f"({old:,.0f} tok/s/GPU there)")
         measured.append(levers)   # not affordable: the map is fitted from what was
-    runs: dict[tuple, list[float]] = {}
-    for t in c.state.trials:
-        if t.result.ok:
-            runs.setdefault(layout_key(t.levers), []).append(t.tps)
-    warm.map = warm_start.fit_map(warm, runs, c.state.noise_rel_sd or 0.0)
+    warm.map = warm_start.fit_map(warm, c.state.runs_by_layout(), c.state.noise_rel_sd or 0.0)
     if c.say:
         c.say(warm.summary())
     c.save()

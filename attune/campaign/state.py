@@ -27,6 +27,7 @@ from attune.campaign.protocol import Protocol
 from attune.campaign.carried import WarmStart
 from attune.errors import InputError
 from attune.files import atomic_write_text, attune_home
+from attune.levers import layout_key
 from attune.stacks.base import TrialResult
 from attune.validation import first_error
 
@@ -108,6 +109,14 @@ class CampaignState(BaseModel):
 
     def measured(self, levers: dict[str, Any]) -> list[TrialRecord]:
         return [t for t in self.trials if t.levers == levers]
+
+    def runs_by_layout(self) -> dict[tuple, list[float]]:
+        """The throughputs of every successful run that reported one, per layout (attune.levers.layout_key)."""
+        runs: dict[tuple, list[float]] = {}
+        for t in self.trials:
+            if t.result.ok and t.tps:
+                runs.setdefault(layout_key(t.levers), []).append(t.tps)
+        return runs
 
     # --- persistence ---------------------------------------------------------------------------
     def save(self, path: Path) -> None:

@@ -11,7 +11,7 @@ re-measured layouts are what tells the two apart here. A layout that ran out of 
 an out-of-memory observation only where the memory per GPU is the same.
 
 Pure functions (the models they fill are in attune.campaign.carried): the engine asks them which layout to re-measure next, fits the
-map once the re-measures are in, and hands the planner `prior_observations`.
+map once the re-measures are in, and hands the planner the old layouts as `observations`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from attune.campaign.carried import OldLayout, OldRun, RankMap, WarmStart
+from attune.campaign.carried import OldLayout, RankMap, WarmStart
+from attune.campaign.costs import MeasuredRun
 from attune.campaign.context import CampaignSettings
 from attune.campaign.listing import find_campaign, list_campaigns
 from attune.campaign.noise import campaign_spread
@@ -81,19 +82,14 @@ def load(folder: Path, recipe) -> WarmStart:
                                f"start needs an earlier campaign of the same model")
     layouts = _layouts(state.trials, recipe)
     shipped = state.incumbent_record.levers if state.shipped and state.incumbent_record else None
-    base = [t.tps for t in state.trials if t.role == "baseline" and t.result.ok]
-    noise = float(np.std(np.log(base), ddof=1)) if len(base) > 1 else 0.0
-    runs: dict[tuple, list[float]] = {}
-    for t in state.trials:
-        if t.result.ok and t.tps:
-            runs.setdefault(layout_key(t.levers), []).append(t.tps)
+    noise, _ = campaign_spread({"baseline": state.baseline_tps}) or (0.0, 0)
     allowed = {layout_key(lay.levers) for lay in layouts}
-    timed = [OldRun(levers=t.levers, steps=t.steps, wall_time_s=t.result.wall_time_s,
-                    step_time_s=t.result.step_time_s or 0.0)
+    timed = [MeasuredRun(levers=t.levers, steps=t.steps, wall_time_s=t.result.wall_time_s,
+                         step_time_s=t.result.step_time_s or 0.0)
              for t in state.trials if layout_key(t.levers) in allowed and t.steps and t.result.ok
              and t.result.wall_time_s > 0]
     warm = WarmStart(source=folder.name, memory_gib=old.cluster.memory_gib, noise_sd=noise, shipped=shipped,
-                     spread=campaign_spread(runs), runs=timed,
+                     spread=campaign_spread(state.runs_by_layout()), runs=timed,
                      layouts=layouts, remeasure=_remeasure(layouts, shipped, recipe.layout().levers(),
                                                            recipe.cluster.memory_gib))
     if not any(lay.tps for lay in layouts):   # another batch or sequence: nothing of it transfers
@@ -124,7 +120,7 @@ def _layouts(trials: list[TrialRecord], recipe) -> list[OldLayout]:
             continue
         ok = [t for t in runs if t.result.ok and t.tps]
         peaks = [t.result.peak_memory_gib for t in ok if t.result.peak_memory_gib]
-        out.append(OldLayout(levers=levers, tps=float(np.mean([t.tps for t in ok])) if ok else None, runs=len(ok),
+        out.append(OldLayout(levers=levers, tps=float(np.mean([t.tps for t in ok])) if ok else None,
                              peak_memory_gib=max(peaks) if peaks else None,
                              oom=not ok and any(t.result.status.value == "oom" for t in runs)))
     out = [lay for lay in out if lay.tps or lay.oom]
@@ -200,15 +196,6 @@ def fit_map(warm: WarmStart, new_runs: dict[tuple, list[float]], noise_sd: float
     return RankMap(scale=scale, pairs=len(pairs), stray=stray, tolerance=STRAY * sd, holds=holds, why=text)
 
 
-def prior_observations(warm: WarmStart | None, recipe) -> list[tuple[dict[str, Any], float | None, float | None]]:
-    """(levers, throughput at this campaign's scale or None for an OOM, peak memory) of every old
-    layout, where the map holds; an old OOM only on the same memory per GPU."""
-    if warm is None or warm.map is None or not warm.map.holds:
-        return []
-    factor = math.exp(warm.map.scale)
-    same_memory = abs(warm.memory_gib - recipe.cluster.memory_gib) < 1e-6
-    return [(lay.levers, lay.tps * factor if lay.tps else None, lay.peak_memory_gib)
-            for lay in warm.layouts if lay.tps or (lay.oom and same_memory)]
 
 
 def earlier_spread(warm: WarmStart | None) -> tuple[float, int] | None:
@@ -228,14 +215,17 @@ def baseline_spread(warm: WarmStart | None) -> tuple[float, int] | None:
 
 
 def observations(warm: WarmStart | None, recipe, stack: str) -> list[Observation]:
-    """The old layouts as the planner sees them (prior_observations; none where the ranks did not hold)."""
-    out = []
-    for levers, tps, peak in prior_observations(warm, recipe):
-        status = TrialStatus.OK if tps else TrialStatus.OOM
-        out.append(Observation(levers=levers, result=TrialResult(
-            status=status, stack=stack, levers=levers, gpus=recipe.cluster.gpus, wall_time_s=0.0,
-            tokens_per_sec_per_gpu=tps, peak_memory_gib=peak, message="an earlier campaign's measurement")))
-    return out
+    """The old layouts as the planner sees them, where the map holds: each at this campaign's scale,
+    with its peak memory; an old out-of-memory only on the same memory per GPU."""
+    if warm is None or warm.map is None or not warm.map.holds:
+        return []
+    factor = math.exp(warm.map.scale)
+    same_memory = abs(warm.memory_gib - recipe.cluster.memory_gib) < 1e-6
+    return [Observation(levers=lay.levers, result=TrialResult(
+        status=TrialStatus.OK if lay.tps else TrialStatus.OOM, stack=stack, levers=lay.levers, gpus=recipe.cluster.gpus,
+        wall_time_s=0.0, tokens_per_sec_per_gpu=lay.tps * factor if lay.tps else None,
+        peak_memory_gib=lay.peak_memory_gib, message="an earlier campaign's measurement"))
+        for lay in warm.layouts if lay.tps or (lay.oom and same_memory)]
 
 
 def prior_sd(warm: WarmStart) -> float:

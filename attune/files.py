@@ -1,7 +1,7 @@
 """Where ATTUNE keeps its files and how it writes them.
 
 $ATTUNE_HOME (default ./.attune) holds campaigns, the MLflow SQLite file, the recipe store, the gate's
-cache and the lessons evidence. Every file a reader may open while it is being written is written
+cache. Every file a reader may open while it is being written is written
 whole to a temp file beside it and renamed over it, so a reader sees the old file or the new one,
 never half of one.
 """

@@ -119,9 +119,12 @@ def _short(levers: dict) -> str:
                     if key in levers and (short != "sched" or pp))
 
 
-def campaigns(out: Path, world: dict, budget: float, seeds: int, planners: list, say=print) -> Path:
+def campaigns(out: Path, world: dict, budget: float, seeds: int, planners: list, say=print,
+              ledger: Path | None = None) -> Path:
     """Every planner x seed campaign on one world, replayed on its table, afresh (the rows of an
-    earlier run and its campaigns are replaced: a campaign of the same identity would resume)."""
+    earlier run and its campaigns are replaced: a campaign of the same identity would resume).
+    Each campaign has a recipe store of its own, so none learns lessons from another's moves; with
+    `ledger` (a store folder), each starts from a copy of that store's lessons ledger."""
     from attune.campaign.context import CampaignSettings
     from flows.campaign import tune_campaign
     folder = out / world["name"]
@@ -134,6 +137,11 @@ def campaigns(out: Path, world: dict, budget: float, seeds: int, planners: list,
         planner = variant.label
         for seed in range(seeds):
             started = time.monotonic()
+            store = folder / "stores" / f"{planner}-{seed}"
+            shutil.rmtree(store, ignore_errors=True)
+            if ledger is not None:
+                shutil.copytree(ledger, store)
+            os.environ["ATTUNE_STORE"] = str(store)
             options = {"table": str(world["table"])} | ({"run_sd": world["run_sd"]} if world["run_sd"] else {})
             settings = CampaignSettings(stack="measured", planner=variant.planner, seed=seed, budget_gpu_hours=budget,
                                         stack_options=options, disabled_rules=list(variant.disabled_rules))
@@ -166,7 +174,8 @@ def _row(planner: str, seed: int, budget: float, result, seconds: float) -> dict
     return {"planner": planner, "seed": seed, "budget": budget, "shipped": data["shipped"], "levers": shipped,
             "candidate": confirmed[-1] if confirmed else shipped,
             "measured_gain": data["gain"], "used": data["gpu_hours_used"], "trials": data["trials"],
-            "stop_reason": data["stop_reason"], "protocol": data["protocol"]["why"], "seconds": seconds}
+            "stop_reason": data["stop_reason"], "protocol": data["protocol"]["why"], "seconds": seconds,
+            "campaign_dir": data["campaign_dir"]}
 
 
 def _jsonl(path: Path) -> list[dict]:

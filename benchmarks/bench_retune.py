@@ -32,6 +32,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -108,7 +109,9 @@ class World:
         from flows.campaign import tune_campaign
         settings = CampaignSettings(stack=self.stack, planner="attune", seed=seed, budget_gpu_hours=budget,
                                     stack_options=self.options, warm_start=warm)
-        result = tune_campaign(self.recipe_path, settings, cluster=self.cluster, quiet=True)
+        # a store of its own: no campaign learns lessons from the ledger of another seed or scenario
+        store = tempfile.mkdtemp(prefix="store-", dir=os.environ["ATTUNE_HOME"])
+        result = tune_campaign(self.recipe_path, settings, cluster=self.cluster, quiet=True, store=store)
         return result if isinstance(result, dict) else result.result()
 
 
@@ -116,6 +119,7 @@ def run(name: str, seeds: int, out: Path, say=print) -> list[dict]:
     spec = SCENARIOS[name]
     before, after = World(spec["before"], spec["measured"]), World(spec["after"], spec["measured"])
     os.environ["ATTUNE_HOME"] = str(out / name / "home")
+    Path(os.environ["ATTUNE_HOME"]).mkdir(parents=True, exist_ok=True)
     rows = []
     for seed in range(seeds):
         started = time.monotonic()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import shutil
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
@@ -79,7 +80,7 @@ def run_cell(cell_json: str) -> dict[str, Any]:
         from attune.errors import InputError
         row["error"] = str(err) if isinstance(err, InputError) else f"{type(err).__name__}: {err}"
     finally:
-        _drop_campaign_evidence()
+        _drop_campaign_ledger()
     row["seconds"] = time.monotonic() - started
     return row
 
@@ -91,9 +92,14 @@ def _campaign(cell) -> dict[str, Any]:
                          quiet=True)
 
 
-def _drop_campaign_evidence() -> None:
-    from attune.lessons.catalog import user_evidence_file
-    user_evidence_file().unlink(missing_ok=True)
+def _drop_campaign_ledger() -> None:
+    """Cells are independent campaigns: none may learn from the lessons ledger another cell wrote
+    (each worker has its own ATTUNE_HOME, so its own default store)."""
+    from attune.lessons.ledger import PREFIX
+    from attune.store import store_location
+    kind, where, _ = store_location(None)
+    if kind == "folder":
+        shutil.rmtree(Path(where) / PREFIX, ignore_errors=True)
 
 
 _POOL: ProcessPoolExecutor | None = None

@@ -92,7 +92,7 @@ def tune_campaign(recipe_path: str, settings: CampaignSettings, cluster: str | N
     passes it as a dict); the rest says where it reads and writes."""
     recipe = load_campaign_recipe(recipe_path, cluster, model_spec)
     with interrupt.stop_on_signals(), stop_on_cancel():
-        c = engine.open_campaign(recipe, settings)
+        c = engine.open_campaign(recipe, settings, store=store)
         try:
             if settings.warm_start == "auto" and c.settings.warm_start is None:
                 c.quiet = quiet
@@ -180,7 +180,7 @@ def _campaign(c: Campaign, recipe_path: str, mlflow_uri: str | None, out: str | 
     interrupt.check()
     recipe_out = ship(quote(c), out, store)
     result = c.state.result or finish.campaign_result(c)  # publishing a shipped recipe computed it
-    update_lessons(quote(c))
+    update_lessons(quote(c), store)
     report = publish_report(quote(c), result)
     tracker.finish_campaign(c.state.mlflow_run_id, result, report, c.state.gate,
                             open(recipe_out).read() if recipe_out else None)

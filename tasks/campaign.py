@@ -78,8 +78,8 @@ def ship(c: Campaign, out_path: str | None, store_uri: str | None) -> str | None
 
 
 @task(name="update-lessons", cache_policy=NO_CACHE)
-def update_lessons(c: Campaign) -> int:
-    return finish.update_lessons(c)
+def update_lessons(c: Campaign, store_uri: str | None = None) -> int:
+    return finish.update_lessons(c, store_uri)
 
 
 @task(name="campaign-report", cache_policy=NO_CACHE)

@@ -91,9 +91,10 @@ def mlflow_runs(home: Path) -> dict[str, list]:
             "gates": [r for r, t in tags.items() if t.get("attune.role") == "gate"]}
 
 
-def evidence_rows(home: Path, campaign_id: str) -> int:
-    path = home / "lessons-evidence.json"
-    return sum(1 for row in json.loads(path.read_text()) if row["campaign"] == campaign_id) if path.is_file() else 0
+def ledger_moves(home: Path, campaign_id: str) -> int:
+    """Moves the campaign put in the lessons ledger of the default store (one object per campaign)."""
+    path = home / "store" / "lessons" / "ledger" / f"{campaign_id}.json"
+    return len(json.loads(path.read_text())["moves"]) if path.is_file() else 0
 
 
 def check_resumed(home: Path, reference: dict, reference_home: Path) -> list[str]:
@@ -134,8 +135,8 @@ def check_resumed(home: Path, reference: dict, reference_home: Path) -> list[str
     missing_ids = [t["index"] for t in state["trials"] if not t["mlflow_run_id"]]
     if missing_ids:
         problems.append(f"trials without a saved MLflow run id: {missing_ids}")
-    if evidence_rows(home, state["campaign_id"]) != evidence_rows(reference_home, state["campaign_id"]):
-        problems.append("lessons evidence counted a different number of times")
+    if ledger_moves(home, state["campaign_id"]) != ledger_moves(reference_home, state["campaign_id"]):
+        problems.append("the lessons ledger holds a different number of the campaign's moves")
     return problems
 
 

@@ -210,3 +210,19 @@ def test_a_lesson_shifts_the_layouts_that_make_its_move(tmp_path, monkeypatch):
     assert all(p.where.any() and not p.where_measured.any() for p in priors)   # the baseline does not make the move
     assert AttunePlanner(disabled=frozenset({"lessons"}))._lesson_priors(
         _view(recipe, history, base), space.arrays, measured_arrays(recipe, [base])) == []
+    # campaigns in this context that found one of these moves useless: its prior sinks, the others stay
+    from attune.campaign.lessons_ledger import context_of
+    from attune.lessons.ledger import CampaignMoves, Move
+    from attune.levers import lever
+    target = next(lesson for lesson in matching if lesson.id == priors[0].lesson)
+    values = list(lever(target.try_.lever).values) or [1, 2]
+    before, after = (values[0], target.try_.value) if target.try_.direction == "set" else (
+        (values[0], values[1]) if target.try_.direction == "up" else (values[1], values[0]))
+    useless = [CampaignMoves(campaign=f"c{i}", at="", model="m", context=context_of(recipe, "sim"),
+                             moves=[Move(changes={target.try_.lever: (before, after)}, symptoms=["exposed_comm_fsdp"],
+                                         gain=-0.08, sd=0.02)]) for i in range(5)]
+    learned = planner._lesson_priors(_view(recipe, history, base, ledger=useless, context=context_of(recipe, "sim")),
+                                     space.arrays, measured_arrays(recipe, [base]))
+    shifts = {p.lesson: p.shift for p in learned}
+    assert shifts[target.id] < min(0.0, priors[0].shift) and "over 5 campaigns" in learned[0].text
+    assert all(shifts[p.lesson] == p.shift for p in priors if p.lesson != target.id)

@@ -8,7 +8,7 @@ from attune.campaign.noise import MIN_RELATIVE_SD, gain_is_real, relative_sd, se
 from attune.campaign.payback import payback_hours
 from attune.recipe import load_recipe
 from attune.space import lever_domains
-from attune.lessons.catalog import Evidence, append_evidence, load_lessons, match, user_evidence_file
+from attune.lessons.catalog import load_lessons, match
 
 
 def test_budget_never_affords_more_than_is_left():
@@ -59,17 +59,6 @@ def test_oom_matches_recompute_first_and_moves_one_lever(write_recipe, tmp_path,
     assert "oom-recompute" in ids and "headroom-bigger-microbatch" not in ids
     move = next(ls for ls in found if ls.id == "oom-recompute").move(layout, lever_domains(recipe)["activation_checkpoint.mode"])
     assert move == {"activation_checkpoint.mode": "full"}
-
-
-def test_evidence_pulls_the_prior_toward_measured_gains(tmp_path, monkeypatch):
-    monkeypatch.setenv("ATTUNE_HOME", str(tmp_path))
-    before = {ls.id: ls.prior for ls in load_lessons()}
-    rows = [Evidence(lesson="low-mfu-compile", campaign=f"c{i}", model="m", cluster="h100:8", stack="sim",
-                     gain=-0.05, won=False) for i in range(4)]
-    append_evidence(user_evidence_file(), rows)
-    after = {ls.id: ls.prior for ls in load_lessons()}
-    assert after["low-mfu-compile"] < before["low-mfu-compile"]
-    assert after["oom-recompute"] == before["oom-recompute"]
 
 
 def test_a_confirmed_gain_must_exceed_the_margin_asked():

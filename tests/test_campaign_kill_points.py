@@ -1,6 +1,6 @@
 """Kill a sim campaign at every save point in turn, resume it, and check after each resume: the
 budget never exceeded, every trial charged once (spent = trials + lost + gate), one MLflow run per
-trial, the lessons evidence counted once, and the same trials and result as an uninterrupted
+trial, the campaign's moves in the lessons ledger once, and the same trials and result as an uninterrupted
 campaign with the same seed (tests/kill_points.py says how a kill is made)."""
 
 from __future__ import annotations

@@ -115,3 +115,21 @@ def test_leaderboard_show_and_publish_on_s3(bucket, capsys):
     assert "qwen3-30b-a3b" in page and "simulated" in page
     data = json.loads(s3.get_object(Bucket=bucket, Key="bench/leaderboard/leaderboard.json")["Body"].read())
     assert len(data["rows"]) == 2
+
+
+def test_the_lessons_ledger_on_s3_is_one_object_per_campaign_and_attune_lessons_reads_it(bucket, capsys):
+    from attune.lessons import ledger
+    from attune.lessons.ledger import CampaignMoves, Context, Move
+    uri = f"s3://{bucket}/team"
+    context = Context.of(True, 16e9, "h100", 64, "sim torchtitan 0.3.0 torch 2.13.0")
+    blobs = open_store(uri).blobs
+    for name, gain in (("c1", 0.1), ("c1", 0.2), ("c2", -0.05)):   # c1 resumed: its object replaced
+        ledger.write(blobs, CampaignMoves(campaign=name, at="", model="m", context=context, moves=[
+            Move(changes={"training.local_batch_size": (2, 4)}, symptoms=["memory_headroom"], gain=gain, sd=0.02)]))
+    keys = [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket=bucket)["Contents"]]
+    assert sorted(keys) == ["team/lessons/ledger/c1.json", "team/lessons/ledger/c2.json"]
+    assert main(["lessons", "--store", uri, "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["campaigns_in_ledger"] == 2 and payload["store"] == uri
+    row = next(r for r in payload["lessons"] if r["id"] == "headroom-bigger-microbatch")
+    assert row["campaigns"] == 2 and "over 2 campaigns" in row["evidence"]

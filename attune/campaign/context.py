@@ -166,6 +166,8 @@ class Campaign:
     say: Callable[[str], None] | None = None   # a progress line (the flow sets it)
     gpu_pool: str | None = None             # tag of the trial tasks: gpu-pool:<name> (concurrency limits)
     lock: Any = None                        # the open lock file that keeps other processes out (engine)
+    ledger: list = field(default_factory=list)   # the lessons ledger as it was when the campaign started
+                                            # (attune.campaign.lessons_ledger)
     _costs: dict[tuple, float] = field(default_factory=dict, repr=False)
     _trial_costs: TrialCosts | None = field(default=None, repr=False)
     _full_steps: dict[tuple, int] = field(default_factory=dict, repr=False)

@@ -2,7 +2,7 @@
 
     open_campaign ─► baseline replicates ─► noise band
                      loop: plan ─► run trial ─► diagnose ─► maybe new incumbent
-                     confirm incumbent ─► gate ─► ship or keep the baseline ─► lessons evidence
+                     confirm incumbent ─► gate ─► ship or keep the baseline ─► lessons ledger
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 
 from attune import interrupt
 from attune.campaign import protocol as proto
-from attune.campaign import warm_start
+from attune.campaign import lessons_ledger, warm_start
 from attune.campaign.budget import Budget, gpu_hours
 from attune.campaign.context import Campaign, CampaignSettings
 from attune.campaign.diagnosis import diagnose
@@ -102,9 +102,11 @@ def choose_protocol(c: Campaign) -> proto.Protocol:
                         mode=c.settings.protocol)  # type: ignore[arg-type]
 
 
-def open_campaign(recipe: Recipe, settings: CampaignSettings, home: Path | None = None) -> Campaign:
+def open_campaign(recipe: Recipe, settings: CampaignSettings, home: Path | None = None,
+                  store: str | None = None) -> Campaign:
     """Resume the campaign with the same identity or start a new one (the settings validated themselves;
-    what needs the stack, a budget that pays for one baseline run, is checked here)."""
+    what needs the stack, a budget that pays for one baseline run, is checked here). A new campaign
+    keeps a copy of the lessons ledger of `store` (the default recipe store where None)."""
     settings, source = warm_start.resolve(recipe, settings, home)
     stack = make_stack(settings.stack, **settings.stack_options)
     planner = make_planner(settings.planner, seed=settings.seed, disabled_rules=frozenset(settings.disabled_rules),
@@ -119,7 +121,9 @@ def open_campaign(recipe: Recipe, settings: CampaignSettings, home: Path | None 
     cid = campaign_id(toml, **settings.identity())
     directory = campaign_folder(recipe.name, cid, home)
     # read before the folder exists: an earlier campaign that cannot be used leaves nothing behind
-    warm = warm_start.load(source, recipe) if source and not (directory / "state.json").is_file() else None
+    fresh = not (directory / "state.json").is_file()
+    warm = warm_start.load(source, recipe) if source and fresh else None
+    ledger = lessons_ledger.read_store(store) if fresh and "lessons" not in settings.disabled_rules else None
     lock = _hold_lock(directory)
     path = directory / "state.json"
     try:
@@ -130,6 +134,8 @@ def open_campaign(recipe: Recipe, settings: CampaignSettings, home: Path | None 
                 state.lost_gpu_hours += state.pending.estimated_gpu_hours
                 state.pending = None   # saved below, with the charge
         else:
+            if ledger is not None:
+                lessons_ledger.keep_snapshot(directory, ledger)
             state = CampaignState(campaign_id=cid, recipe_toml=toml, settings=settings.model_dump(mode="json"),
                                   budget=Budget(total_gpu_hours=settings.budget_gpu_hours),
                                   protocol=choose_protocol(probe),
@@ -139,6 +145,7 @@ def open_campaign(recipe: Recipe, settings: CampaignSettings, home: Path | None 
         raise
     campaign = Campaign(recipe, settings, state, directory, stack, planner)
     campaign.lock = lock
+    campaign.ledger = lessons_ledger.load_snapshot(directory)
     campaign.save()
     return campaign
 
@@ -322,7 +329,8 @@ def planner_view(c: Campaign, gate_probe: Callable[[dict[str, Any]], bool] | Non
                        probed={layout_key(p["levers"]): bool(p["passed"]) for p in c.state.gate_probes},
                        noise_rel_sd=c.state.noise_rel_sd or 0.0, settle_cost=lambda levers: settle_cost(c, levers),
                        training_gpu_hours=c.training_gpu_hours(), prior=warm_start.observations(c.state.warm, c.recipe, c.settings.stack),
-                       prior_sd=warm_start.prior_sd(c.state.warm) if c.state.warm else 0.0)
+                       prior_sd=warm_start.prior_sd(c.state.warm) if c.state.warm else 0.0,
+                       ledger=c.ledger, context=lessons_ledger.context_of(c.recipe, c.settings.stack))
 
 
 def next_proposal(c: Campaign, gate_probe: Callable[[dict[str, Any]], bool] | None = None) -> Proposal | None:

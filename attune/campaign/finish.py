@@ -1,4 +1,4 @@
-"""After the search: gate the incumbent, ship it or keep the baseline, the result, lessons evidence."""
+"""After the search: gate the incumbent, ship it or keep the baseline, the result, the moves for the lessons ledger."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ import datetime as dt
 from pathlib import Path
 from typing import Any
 
+from attune.campaign import lessons_ledger
 from attune.campaign.context import Campaign
 from attune.campaign.engine import mean_tps, protocol_of
 from attune.campaign.gate_runs import gate_report
 from attune.campaign.payback import payback_hours
 from attune.recipe import Recipe, write_recipe
 from attune.levers import layout_key
-from attune.lessons.catalog import Evidence, append_evidence, user_evidence_file
 
 
 def candidate_recipe(c: Campaign) -> Recipe:
@@ -138,32 +138,10 @@ def campaign_result(c: Campaign) -> dict[str, Any]:
     return result
 
 
-def lesson_outcomes(c: Campaign) -> list[Evidence]:
-    """What each lesson-driven move measured against the layout it moved from."""
-    rows = []
-    now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    for t in c.state.of_role("trial"):
-        if not t.lesson_id or t.parent is None:
-            continue
-        parent_tps = mean_tps(c, c.state.trials[t.parent].levers)
-        gain = (t.tps / parent_tps - 1) if (t.result.ok and parent_tps) else None
-        rows.append(Evidence(lesson=t.lesson_id, campaign=c.state.campaign_id, model=c.recipe.model_name,
-                             cluster=c.recipe.cluster.label, stack=c.settings.stack, gain=gain,
-                             won=t.index == c.state.incumbent, at=now))
-    return rows
-
-
-def update_lessons(c: Campaign) -> int:
-    """Add the campaign's lesson outcomes to the evidence, once (a resumed campaign's rows replace
-    those it wrote before it was killed)."""
-    if c.state.lessons_recorded:
-        return 0
-    rows = lesson_outcomes(c)
-    if rows:
-        append_evidence(user_evidence_file(), rows)
-    c.state.lessons_recorded = True
-    c.save()
-    return len(rows)
+def update_lessons(c: Campaign, store_uri: str | None = None) -> int:
+    """Add the campaign's moves to the lessons ledger of the recipe store, once (a resumed campaign's
+    object replaces the one it wrote before it was killed)."""
+    return lessons_ledger.record(c, store_uri, lambda levers: mean_tps(c, levers))
 
 
 def publish_to_store(c: Campaign, store_uri: str | None) -> bool:

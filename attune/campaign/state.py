@@ -32,7 +32,7 @@ from attune.stacks.base import TrialResult
 from attune.validation import first_error
 
 # 2: the settings in one model (version 1, unmarked, copied them field by field); since marked, also
-# the gate's MLflow run and whether the lessons evidence has this campaign's rows
+# the gate's MLflow run and whether the lessons ledger has this campaign's moves
 STATE_VERSION = 2
 
 Role = Literal["baseline", "trial", "confirm"]
@@ -91,7 +91,7 @@ class CampaignState(BaseModel):
     recipe_out: str | None = None
     mlflow_run_id: str | None = None
     gate_mlflow_run_id: str | None = None   # the gate's nested run, for the verdict in `gate`
-    lessons_recorded: bool = False          # this campaign's rows are in the lessons evidence
+    lessons_recorded: bool = False          # this campaign's moves are in the lessons ledger
     llm_usage: dict[str, int] = {}
     result: dict[str, Any] | None = None
 

@@ -38,6 +38,7 @@ from scipy.stats import norm
 from attune.campaign.budget import hours_text
 from attune.layout import AC_MODE, COMPILE, CP, DP_REPLICATE, EP, FLOAT8, LOCAL_BATCH, PP, PP_MICROBATCH, PP_SCHEDULE, TP
 from attune.lessons.catalog import Lesson, load_lessons, match
+from attune.lessons.posterior import posterior
 from attune.levers import Scalar, levers_text, lever
 from attune.planners.base import PlannerView, Proposal
 from attune.planners.belief import Belief, measured_arrays
@@ -94,6 +95,7 @@ class Choice:
     sd: float
     cost: float            # GPU-hours: its trial, and what a win would add times the chance of one
     lesson: str | None = None
+    lesson_text: str = ""  # the lesson's prior and its evidence (attune.lessons.posterior.Posterior.text)
 
     @property
     def value(self) -> float:
@@ -140,7 +142,7 @@ class AttunePlanner:
             return None
         moved = {k: v for k, v in pick.levers.items() if view.incumbent.get(k) != v}
         fitted = self.belief.fit.summary()
-        lesson = f"; lesson {pick.lesson}" if pick.lesson else ""
+        lesson = f"; {pick.lesson_text}" if pick.lesson_text else ""
         fits = f", fits with chance {pick.fit:.0%}" if pick.fit < 0.995 else ""
         return Proposal(levers=pick.levers, move=moved, lesson_id=pick.lesson, expected_gain=pick.gain,
                         rationale=(f"EI +{pick.ei:.1%} for {hours_text(pick.cost)} GPU-h: the model"
@@ -217,10 +219,11 @@ class AttunePlanner:
             cost = view.trial_cost_gpu_hours(levers) if view.trial_cost_gpu_hours else 1.0
             if view.settle_cost is not None:
                 cost += chance * fits * view.settle_cost(levers)
-            lesson = next((p.lesson for p in priors if p.where[i]), None)
+            lesson = next((p for p in priors if p.where[i]), None)
             choices.append(Choice(index=i, levers=levers, ei=float(np.exp(log_value[j])), chance=chance, fit=fits,
                                   gain=float(np.exp(mean[j])) / view.incumbent_tps - 1, sd=float(sd[j]),
-                                  cost=cost, lesson=lesson))
+                                  cost=cost, lesson=lesson.lesson if lesson else None,
+                                  lesson_text=lesson.text if lesson else ""))
             affordable += view.affordable is None or bool(view.affordable(levers))
         if not choices:
             self.stop_reason = ("no moves left: every untried layout with an expected improvement is one the gate "
@@ -282,7 +285,8 @@ class AttunePlanner:
         return g.numerics_open or not self.on("exact-first")
 
     def _lesson_priors(self, view: PlannerView, arrays: LayoutArrays, measured: LayoutArrays) -> list["LessonPrior"]:
-        """The lessons the incumbent's diagnosis matches, each as a prior on the layouts that make its move."""
+        """The lessons the incumbent's diagnosis matches, each as a prior on the layouts that make its move:
+        the catalog's figure updated by what earlier campaigns in the ledger measured (attune.lessons.posterior)."""
         if not self.on("lessons"):
             return []
         recipe = view.recipe
@@ -297,18 +301,16 @@ class AttunePlanner:
             where = _makes_move(lesson, incumbent.levers(), arrays)
             if where is None or not where.any():
                 continue
-            shift = float(np.log1p(lesson.prior))
-            out.append(LessonPrior(lesson=lesson.id, shift=shift, width=max(abs(shift), LESSON_WIDTH), where=where,
-                                   where_measured=_makes_move(lesson, incumbent.levers(), measured)))
+            belief = posterior(lesson, view.ledger, view.context)
+            out.append(LessonPrior(lesson=lesson.id, text=belief.text(), shift=belief.mean, width=belief.sd,
+                                   where=where, where_measured=_makes_move(lesson, incumbent.levers(), measured)))
         return out
-
-
-LESSON_WIDTH = 0.05   # the least width a lesson's shift carries: a prior, not a measurement
 
 
 @dataclass(frozen=True)
 class LessonPrior(Prior):
     lesson: str = ""
+    text: str = ""
 
 
 def FLOAT8_CODE(recipe: Recipe) -> int:  # noqa: N802 - a constant of the recipe

@@ -49,6 +49,8 @@ class PlannerView:
     prior: list[Observation] = field(default_factory=list)   # an earlier campaign's layouts, at this
                                             # campaign's scale (a warm start whose ranks held): data, not trials
     prior_sd: float = 0.0                   # the log sd each prior observation carries beyond run-to-run noise
+    ledger: list = field(default_factory=list)   # earlier campaigns' measured moves (attune.lessons.ledger)
+    context: Any = None                     # this campaign's ledger context (attune.lessons.ledger.Context)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from attune.planners.registry import register_planner
 from attune.recipe import dump_recipe
 from attune.space import config_for, layout_of
 from attune.lessons.catalog import match
+from attune.lessons.posterior import posterior
 
 SYSTEM = ("You tune distributed LLM training recipes for throughput. Propose exactly ONE lever change "
           "from the catalog given, as JSON matching the schema. Only catalog levers and listed values are valid. "
@@ -138,8 +139,11 @@ class LlmPlanner:
                     "diagnosis": obs.diagnosis} for obs in view.history]
         incumbent = layout_of(recipe, view.incumbent)
         symptoms = {s for obs in view.history if obs.levers == view.incumbent for s in obs.diagnosis}
-        lessons = [{"id": ls.id, "title": ls.title, "try": ls.try_.model_dump(), "prior_gain": round(ls.prior, 3)}
-                   for ls in match(self.fallback.lessons, symptoms, recipe.architecture.is_moe, incumbent)[:8]]
+        lessons = []
+        for ls in match(self.fallback.lessons, symptoms, recipe.architecture.is_moe, incumbent)[:8]:
+            belief = posterior(ls, view.ledger, view.context)
+            lessons.append({"id": ls.id, "title": ls.title, "try": ls.try_.model_dump(),
+                            "prior_gain": round(belief.gain, 3), "evidence": belief.text()})
         return json.dumps({"recipe": dump_recipe(recipe), "levers": view.domains, "incumbent": view.incumbent,
                            "incumbent_tokens_per_sec_per_gpu": view.incumbent_tps, "history": history,
                            "matching_lessons": lessons, "noise_band": view.noise_band,

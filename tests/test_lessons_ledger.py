@@ -74,6 +74,9 @@ def test_campaigns_that_found_a_move_useless_sink_its_prior_below_zero():
     lesson = _lesson("headroom-bigger-microbatch")
     assert makes_move(lesson, Move(changes={MB: (2, 4)}, gain=0.0, sd=0.0))
     assert not makes_move(lesson, Move(changes={MB: (4, 2)}, gain=0.0, sd=0.0))
+    assert not makes_move(lesson, Move(changes={MB: (2, 4), AC: ("full", "none")}, gain=1.2, sd=0.0))  # not alone
+    assert makes_move(lesson, Move(changes={MB: (2, 4), "parallelism.data_parallel_shard_degree": (2, 1)},
+                                   gain=0.0, sd=0.0))   # the shard degree follows the others
     useless = [_campaign(f"c{i}", [-0.04, -0.06]) for i in range(6)]
     belief = posterior(lesson, useless, MOE_64)
     assert belief.campaigns == 6 and belief.gain < 0 < lesson.expected_gain

@@ -8,7 +8,10 @@ budget); after the change, a fresh campaign (the full budget), a campaign warm-s
 first (`--warm-start`, a third of the budget) and a fresh one at that third tune the same recipe. Each shipped layout is scored on
 the changed world's truth: measured scenarios on the CPU benchmark's real sweeps (benchmarks/cpu/,
 replayed by the `measured` stack), simulated ones on the simulated cluster's ground truth
-(*simulated*). A layout's gain is over the recipe's own layout in the changed world.
+(*simulated*). A layout's gain is over the recipe's own layout in the changed world. Every campaign
+has a recipe store of its own; the three after the change start from a copy of the first
+campaign's lessons ledger (what a team's store would hold), none from another seed's or from one
+another's.
 
     cpu-memory     seq128 -> seq128-tight: the same sweep, the memory per process cut so that it binds
     cpu-workload   seq128 -> seq512: 4x the sequence, a quarter of the batch (another real sweep)
@@ -30,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -104,15 +108,20 @@ class World:
         except Exception:   # noqa: BLE001 - a layout this cluster cannot take runs at 0
             return 0.0
 
-    def campaign(self, seed: int, budget: float, warm: str | None = None) -> dict:
+    def campaign(self, seed: int, budget: float, warm: str | None = None, ledger: str | None = None) -> dict:
+        """One campaign with a recipe store of its own: it learns lessons from the ledger of the store
+        `ledger` (a copy: the first campaign's, as a team's store would hold it after the change),
+        never from a campaign of another seed or from another campaign after the change."""
         from attune.campaign.context import CampaignSettings
         from flows.campaign import tune_campaign
         settings = CampaignSettings(stack=self.stack, planner="attune", seed=seed, budget_gpu_hours=budget,
                                     stack_options=self.options, warm_start=warm)
-        # a store of its own: no campaign learns lessons from the ledger of another seed or scenario
-        store = tempfile.mkdtemp(prefix="store-", dir=os.environ["ATTUNE_HOME"])
-        result = tune_campaign(self.recipe_path, settings, cluster=self.cluster, quiet=True, store=store)
-        return result if isinstance(result, dict) else result.result()
+        store = Path(tempfile.mkdtemp(prefix="store-", dir=os.environ["ATTUNE_HOME"]))
+        if ledger is not None and (Path(ledger) / "lessons").is_dir():
+            shutil.copytree(Path(ledger) / "lessons", store / "lessons")
+        result = tune_campaign(self.recipe_path, settings, cluster=self.cluster, quiet=True, store=str(store))
+        result = result if isinstance(result, dict) else result.result()
+        return result | {"store": str(store)}
 
 
 def run(name: str, seeds: int, out: Path, say=print) -> list[dict]:
@@ -124,11 +133,11 @@ def run(name: str, seeds: int, out: Path, say=print) -> list[dict]:
     for seed in range(seeds):
         started = time.monotonic()
         first = before.campaign(seed, before.budget)
-        old = first["best"]["levers"]
-        fresh = after.campaign(seed, after.budget)
-        warm = after.campaign(seed, after.budget * WARM_SHARE, warm=first["campaign_dir"])
+        old, ledger = first["best"]["levers"], first["store"]
+        fresh = after.campaign(seed, after.budget, ledger=ledger)
+        warm = after.campaign(seed, after.budget * WARM_SHARE, warm=first["campaign_dir"], ledger=ledger)
         # a fresh campaign at the warm one's budget and seed (the same replay noise): what the warm start adds
-        small = after.campaign(seed, after.budget * WARM_SHARE)
+        small = after.campaign(seed, after.budget * WARM_SHARE, ledger=ledger)
         base = after.tps(after.recipe.layout().levers())
         row = {"scenario": name, "seed": seed,
                "old_gain": before.tps(old) / before.tps(before.recipe.layout().levers()) - 1,

@@ -113,8 +113,9 @@ def test_the_ledger_is_one_object_per_campaign_and_skips_what_it_cannot_read(tmp
 
 
 def test_a_finished_campaign_writes_the_ledger_and_the_next_one_starts_from_it(cli, tmp_path):
-    """Real campaigns on the CPU sweep (measured stack): the first writes its moves once, a second
-    keeps a copy of the ledger in its folder, and `attune lessons` shows what was measured."""
+    """Real campaigns on the CPU sweep (measured stack): the first writes its moves, a second keeps a
+    copy of the ledger in its folder, and `attune lessons` shows what was measured (that a resumed
+    campaign counts once: tests/test_campaign_kill_points.py kills at every save point)."""
     env = {"ATTUNE_MEASURED_TABLE": str(SWEEP)}
     first = cli("tune", SEARCH, "--stack", "measured", "--budget-gpu-hours", "0.1", "--json", env_extra=env)
     assert first.returncode == 0, first.stderr[-2000:]
@@ -125,8 +126,6 @@ def test_a_finished_campaign_writes_the_ledger_and_the_next_one_starts_from_it(c
     searched = {json.dumps(t["levers"], sort_keys=True) for t in state["trials"] if t["role"] == "trial"}
     assert 0 < len(entries[0].moves) <= len(searched)
     assert entries[0].context.gpus == "1-8" and entries[0].context.stack.startswith("measured torchtitan ")
-    again = cli("tune", SEARCH, "--stack", "measured", "--budget-gpu-hours", "0.1", "--json", env_extra=env)
-    assert again.returncode == 0 and len(ledger.read(store)[0]) == 1       # finished: not written twice
     second = cli("tune", SEARCH, "--stack", "measured", "--budget-gpu-hours", "0.1", "--seed", "2", "--json",
                  env_extra=env)
     assert second.returncode == 0, second.stderr[-2000:]

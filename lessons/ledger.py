@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from typing import Literal
 
 from pydantic import BaseModel, ValidationError
 
-from attune.levers import Scalar
+from attune.levers import Scalar, layout_key
 
 PREFIX = "lessons/ledger/"
 SIZE_CLASSES = ((1e9, "<1B"), (10e9, "1-10B"), (100e9, "10-100B"), (math.inf, "100B+"))   # total parameters
@@ -91,10 +92,11 @@ def read(blobs) -> tuple[list[CampaignMoves], list[str]]:
     return entries, unreadable
 
 
-def moves_of(trials: list, mean_tps, noise_rel_sd: float) -> list[Move]:
+def moves_of(trials: list, runs: dict[tuple, list[float]], noise_rel_sd: float) -> list[Move]:
     """The rows of a campaign: every search trial against its parent (the incumbent it moved from),
-    once per layout (`mean_tps(levers)` is the mean over every run of a layout, confirmations too).
-    `trials` are attune.campaign.state.TrialRecord."""
+    once per layout, each layout's gain from the mean of all its runs, confirmations too. `trials`
+    are attune.campaign.state.TrialRecord, `runs` their throughputs per layout
+    (CampaignState.runs_by_layout)."""
     rows: dict[tuple, Move] = {}
     for t in trials:
         if t.role != "trial" or t.parent is None:
@@ -103,13 +105,11 @@ def moves_of(trials: list, mean_tps, noise_rel_sd: float) -> list[Move]:
         changes = {k: (parent.levers.get(k), v) for k, v in t.levers.items() if parent.levers.get(k) != v}
         if not changes:
             continue
-        runs = [u for u in trials if u.levers == t.levers and u.result.ok]
-        parent_runs = [u for u in trials if u.levers == parent.levers and u.result.ok]
-        base = mean_tps(parent.levers)
-        ok = bool(runs) and base > 0
-        sd = noise_rel_sd * math.sqrt(1 / max(1, len(runs)) + 1 / max(1, len(parent_runs)))
-        row_key = (tuple(sorted(t.levers.items(), key=str)), tuple(sorted(parent.levers.items(), key=str)))
-        rows[row_key] = Move(changes=changes, symptoms=[s.id for s in parent.diagnosis],
-                             gain=(mean_tps(t.levers) / base - 1) if ok else None, sd=sd,
-                             status="ok" if ok else t.result.status.value, lesson=t.lesson_id)
+        mine, base = runs.get(layout_key(t.levers), []), runs.get(layout_key(parent.levers), [])
+        ok = bool(mine) and bool(base)
+        sd = noise_rel_sd * math.sqrt(1 / max(1, len(mine)) + 1 / max(1, len(base)))
+        rows[(layout_key(t.levers), layout_key(parent.levers))] = Move(
+            changes=changes, symptoms=[s.id for s in parent.diagnosis],
+            gain=(statistics.mean(mine) / statistics.mean(base) - 1) if ok else None, sd=sd,
+            status="ok" if ok else t.result.status.value, lesson=t.lesson_id)
     return list(rows.values())

@@ -14,6 +14,7 @@ from attune.lessons import ledger
 from attune.lessons.catalog import load_lessons
 from attune.lessons.ledger import CampaignMoves, Context, Move
 from attune.lessons.posterior import BETWEEN, MIN_WIDTH, makes_move, posterior
+from attune.levers import layout_key
 from attune.stacks.base import TrialResult, TrialStatus
 from attune.store.local import LocalBlobs
 
@@ -52,8 +53,8 @@ def test_a_campaign_s_rows_are_its_moves_against_the_incumbent_they_left_once_pe
               _trial(2, "trial", up, 1210.0, parent=0),
               _trial(3, "trial", fsdp, None, parent=2),          # OOM, moved from the new incumbent
               _trial(4, "confirm", up, 1190.0)]
-    tps = {json.dumps(k, sort_keys=True): v for k, v in [(base, 1010.0), (up, 1200.0)]}
-    rows = ledger.moves_of(trials, lambda levers: tps.get(json.dumps(levers, sort_keys=True), 0.0), 0.02)
+    runs = {layout_key(base): [1000.0, 1020.0], layout_key(up): [1210.0, 1190.0]}   # CampaignState.runs_by_layout
+    rows = ledger.moves_of(trials, runs, 0.02)
     assert len(rows) == 2
     first, second = rows
     assert first.changes == {MB: (2, 4)} and first.symptoms == ["memory_headroom"]

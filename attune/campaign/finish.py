@@ -141,7 +141,7 @@ def campaign_result(c: Campaign) -> dict[str, Any]:
 def update_lessons(c: Campaign, store_uri: str | None = None) -> int:
     """Add the campaign's moves to the lessons ledger of the recipe store, once (a resumed campaign's
     object replaces the one it wrote before it was killed)."""
-    return lessons_ledger.record(c, store_uri, lambda levers: mean_tps(c, levers))
+    return lessons_ledger.record(c, store_uri)
 
 
 def publish_to_store(c: Campaign, store_uri: str | None) -> bool:

@@ -46,13 +46,13 @@ def load_snapshot(directory: Path) -> list[CampaignMoves]:
     return [CampaignMoves.model_validate(row) for row in json.loads(path.read_text())]
 
 
-def record(c, store_uri: str | None, mean_tps) -> int:
+def record(c, store_uri: str | None) -> int:
     """Write the campaign's moves to the ledger once; the number written. `c` is a campaign
-    (attune.campaign.context.Campaign), `mean_tps(levers)` its mean measured throughput of a layout."""
+    (attune.campaign.context.Campaign)."""
     from attune.store import open_store
     if c.state.lessons_recorded:
         return 0
-    moves = ledger.moves_of(c.state.trials, mean_tps, c.state.noise_rel_sd or 0.0)
+    moves = ledger.moves_of(c.state.trials, c.state.runs_by_layout(), c.state.noise_rel_sd or 0.0)
     if moves:
         ledger.write(open_store(store_uri).blobs, CampaignMoves(
             campaign=c.state.campaign_id, at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

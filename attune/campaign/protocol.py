@@ -48,7 +48,7 @@ DISAGREE = 0.015       # relative sd of two baseline runs above which a third is
 SCREEN_SHARE = 0.5     # share of the steps a screening run measures in the fitted protocol
 MIN_SCREEN_STEPS = 3   # a first (warm-up) step and two measured ones at least
 ALPHA = 0.05           # the confirmation test's level (attune.campaign.noise.gain_is_real)
-POWER = 0.8            # the chance a confirmation sized by runs_for_power gives its test to pass
+POWER = 0.95           # the chance a confirmation sized by runs_for_power gives its test to pass
 MOST_CONFIRM_RUNS = 6  # fresh confirmation runs at most, where the noise asks for more than the protocol's
 # A confirmation is paid only with this share of its estimate to spare: the budget curve's campaigns
 # ran one priced at 3.54 GPU-hours with 3.58 left, and it cost 3.60 (step times vary run to run).

@@ -96,7 +96,8 @@ def tune_campaign(recipe_path: str, settings: CampaignSettings, cluster: str | N
         try:
             if settings.warm_start == "auto" and c.settings.warm_start is None:
                 c.quiet = quiet
-                _progress(c, f"warm start: no finished campaign of {recipe.name} under ATTUNE_HOME; a fresh campaign")
+                _progress(c, f"warm start: no finished campaign of {recipe.name} under ATTUNE_HOME or in the "
+                             f"recipe store; a fresh campaign")
             return _campaign(c, recipe_path, mlflow_uri, out, store, gpu_pool, quiet)
         except interrupt.StopRequested as stop:
             c.save()

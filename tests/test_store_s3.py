@@ -133,3 +133,24 @@ def test_the_lessons_ledger_on_s3_is_one_object_per_campaign_and_attune_lessons_
     assert payload["campaigns_in_ledger"] == 2 and payload["store"] == uri
     row = next(r for r in payload["lessons"] if r["id"] == "headroom-bigger-microbatch")
     assert row["campaigns"] == 2 and "over 2 campaigns" in row["evidence"]
+
+
+def test_a_finished_campaign_on_s3_is_what_warm_start_auto_finds_on_another_machine(bucket, tmp_path):
+    """A re-tune on a fresh worker has no campaign under its ATTUNE_HOME: `auto` takes the latest
+    finished campaign of the recipe from the S3 store and copies it under that home."""
+    from attune.campaign import store_campaigns
+    from attune.campaign.budget import Budget
+    from attune.campaign.state import CampaignState
+    uri = f"s3://{bucket}/team"
+    blobs = open_store(uri).blobs
+    for folder, finished in (("r-c1", "2026-12-01T00:00:00+00:00"), ("r-c2", "2026-12-02T00:00:00+00:00")):
+        state = CampaignState(campaign_id=folder[2:], recipe_toml="", settings={}, budget=Budget(total_gpu_hours=1.0),
+                              phase="done")
+        blobs.write(store_campaigns.key("r", folder), store_campaigns.StoredCampaign(
+            campaign=folder, recipe="r", finished=finished, state=state.model_dump(mode="json")).model_dump_json().encode(),
+            "application/json")
+    keys = sorted(o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket=bucket)["Contents"])
+    assert keys == ["team/campaigns/r/r-c1.json", "team/campaigns/r/r-c2.json"]
+    folder = store_campaigns.fetch(uri, "r", tmp_path / "worker")
+    assert folder == tmp_path / "worker" / "campaigns" / "r-c2"
+    assert CampaignState.load(folder / "state.json").phase == "done"

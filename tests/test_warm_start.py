@@ -94,18 +94,26 @@ def test_old_trials_narrow_the_belief_at_the_layouts_they_measured():
     assert abs(math.exp(mean_warm[0]) / 1000.0 - 1) < 0.1
 
 
-def test_a_re_tune_on_real_sweeps_re_measures_the_shipped_layout_and_carries_the_old_trials(cli):
+def test_a_re_tune_on_real_sweeps_re_measures_the_shipped_layout_and_carries_the_old_trials(cli, tmp_path):
     env = {"ATTUNE_MEASURED_TABLE": str(SWEEP)}
     first = cli("tune", SEARCH, "--stack", "measured", "--budget-gpu-hours", "0.25", "--json", env_extra=env)
     assert first.returncode == 0, first.stderr[-2000:]
     old = json.loads(first.stdout)
     assert old["shipped"]
+    store = tmp_path / ".attune" / "store"
+    name = Path(old["campaign_dir"]).name
+    kept = json.loads((store / "campaigns" / name.rsplit("-", 1)[0] / f"{name}.json").read_text())
+    assert kept["state"]["phase"] == "done" and kept["campaign"] == name
+    # the re-tune runs on another machine: an empty ATTUNE_HOME, the same recipe store; `auto` finds the
+    # earlier campaign there and copies it under the new home
+    elsewhere = tmp_path / "elsewhere"
     again = cli("tune", SEARCH, "--stack", "measured", "--budget-gpu-hours", "0.09", "--seed", "1",
-                "--warm-start", "auto", "--json", env_extra=env)
+                "--warm-start", "auto", "--json",
+                env_extra=env | {"ATTUNE_HOME": str(elsewhere), "ATTUNE_STORE": str(store)})
     assert again.returncode == 0, again.stderr[-2000:]
     result = json.loads(again.stdout)
     carried = result["warm_start"]
-    assert carried["source"] == Path(old["campaign_dir"]).name
+    assert carried["source"] == name and (elsewhere / "campaigns" / name / "state.json").is_file()
     assert old["best"]["levers"] in carried["remeasured"]   # the shipped one, measured again
     assert carried["map"]["holds"] and carried["layouts_carried"] >= 3
     assert "the ranks hold" in again.stderr
@@ -182,3 +190,38 @@ def test_spreads_measured_apart_pool_by_their_degrees_of_freedom():
     sd, dof = pool_spreads((0.1, 2), (0.2, 6), None)
     assert dof == 8 and math.isclose(sd, math.sqrt((0.01 * 2 + 0.04 * 6) / 8))
     assert pool_spreads(None, None) is None
+
+
+def test_auto_takes_the_latest_finished_campaign_of_the_store_and_never_a_path_it_names(tmp_path):
+    """`--warm-start auto` with nothing under ATTUNE_HOME: the store's latest finished campaign of the
+    recipe, copied under ATTUNE_HOME; an object whose folder name is not a safe name of this recipe's
+    is passed over, and nothing is written for it."""
+    from attune.campaign import store_campaigns
+    from attune.campaign.state import CampaignState
+    from attune.campaign.budget import Budget
+    from attune.store import open_store
+    store, home = str(tmp_path / "store"), tmp_path / "home"
+    blobs = open_store(store).blobs
+
+    def put(folder: str, finished: str, phase: str = "done", recipe: str = "r") -> None:
+        state = CampaignState(campaign_id=folder.rsplit("-", 1)[-1], recipe_toml="", settings={},
+                              budget=Budget(total_gpu_hours=1.0)).model_copy(update={"phase": phase})
+        row = store_campaigns.StoredCampaign(campaign=folder, recipe=recipe, finished=finished,
+                                             state=state.model_dump(mode="json"))
+        safe = "hostile" if "/" in folder else folder   # the object's key is safe; the name inside it is not
+        blobs.write(f"campaigns/{recipe}/{safe}.json", row.model_dump_json().encode(), "application/json")
+
+    assert store_campaigns.fetch(store, "r", home) is None
+    put("r-aaa", "2026-12-01T00:00:00+00:00")
+    put("r-bbb", "2026-12-03T00:00:00+00:00")
+    put("r-ccc", "2026-12-04T00:00:00+00:00", phase="search")   # not finished
+    blobs.write("campaigns/r/junk.json", b"{not json", "application/json")
+    folder = store_campaigns.fetch(store, "r", home)
+    assert folder is not None and folder.name == "r-bbb" and (folder / "state.json").is_file()
+    put("../../escape", "2026-12-05T00:00:00+00:00")
+    put("other-ddd", "2026-12-06T00:00:00+00:00")
+    assert store_campaigns.latest(store, "r").campaign == "r-bbb"
+    again = store_campaigns.fetch(store, "r", tmp_path / "home2")
+    assert again is not None and again.name == "r-bbb"
+    assert [p.name for p in (tmp_path / "home2" / "campaigns").iterdir()] == ["r-bbb"]
+    assert not (tmp_path / "escape").exists()

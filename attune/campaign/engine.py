@@ -107,7 +107,7 @@ def open_campaign(recipe: Recipe, settings: CampaignSettings, home: Path | None 
     """Resume the campaign with the same identity or start a new one (the settings validated themselves;
     what needs the stack, a budget that pays for one baseline run, is checked here). A new campaign
     keeps a copy of the lessons ledger of `store` (the default recipe store where None)."""
-    settings, source = warm_start.resolve(recipe, settings, home)
+    settings, source = warm_start.resolve(recipe, settings, home, store)
     stack = make_stack(settings.stack, **settings.stack_options)
     planner = make_planner(settings.planner, seed=settings.seed, disabled_rules=frozenset(settings.disabled_rules),
                            **settings.planner_options)
@@ -157,10 +157,11 @@ def campaign_directory(recipe: Recipe, settings: CampaignSettings, home: Path | 
     return campaign_folder(recipe.name, campaign_id(dump_recipe(recipe), **settings.identity()), home)
 
 
-def check_resumable(recipe: Recipe, settings: CampaignSettings, home: Path | None = None) -> None:
+def check_resumable(recipe: Recipe, settings: CampaignSettings, home: Path | None = None,
+                    store: str | None = None) -> None:
     """Refuse now, in one line, a campaign whose saved state cannot be resumed (before any server or
     flow starts)."""
-    settings, source = warm_start.resolve(recipe, settings, home)
+    settings, source = warm_start.resolve(recipe, settings, home, store)
     path = campaign_folder(recipe.name, campaign_id(dump_recipe(recipe), **settings.identity()), home) / "state.json"
     if path.is_file():
         CampaignState.load(path)

@@ -6,7 +6,7 @@ import datetime as dt
 from pathlib import Path
 from typing import Any
 
-from attune.campaign import lessons_ledger
+from attune.campaign import lessons_ledger, store_campaigns
 from attune.campaign.context import Campaign
 from attune.campaign.engine import mean_tps, protocol_of
 from attune.campaign.gate_runs import gate_report
@@ -139,8 +139,10 @@ def campaign_result(c: Campaign) -> dict[str, Any]:
 
 
 def update_lessons(c: Campaign, store_uri: str | None = None) -> int:
-    """Add the campaign's moves to the lessons ledger of the recipe store, once (a resumed campaign's
-    object replaces the one it wrote before it was killed)."""
+    """Leave in the recipe store what later campaigns start from: the campaign's moves in the lessons
+    ledger, once, and its state, for a warm start on another machine (attune.campaign.store_campaigns).
+    A resumed campaign's objects replace the ones it wrote before it was killed."""
+    store_campaigns.keep(c, store_uri)
     return lessons_ledger.record(c, store_uri)
 
 

@@ -27,6 +27,7 @@ from attune.campaign.carried import OldLayout, RankMap, WarmStart
 from attune.campaign.costs import MeasuredRun
 from attune.campaign.context import CampaignSettings
 from attune.campaign.listing import find_campaign, list_campaigns
+from attune.campaign import store_campaigns
 from attune.campaign.noise import campaign_spread
 from attune.campaign.state import CampaignState, TrialRecord
 from attune.errors import InputError
@@ -46,21 +47,24 @@ STRAY = 2.5            # a re-measured layout further than this many pair sds fr
 FLAG = "--warm-start"
 
 
-def resolve(recipe, settings: CampaignSettings, home: Path | None = None) -> tuple[CampaignSettings, Path | None]:
+def resolve(recipe, settings: CampaignSettings, home: Path | None = None,
+            store: str | None = None) -> tuple[CampaignSettings, Path | None]:
     """The settings with --warm-start named by the earlier campaign's folder (so `auto` is one
     campaign's identity), and that folder; `auto` with no finished campaign of this recipe: none."""
     if not settings.warm_start:
         return settings, None
-    source = find_source(settings.warm_start, recipe.name, home)
+    source = find_source(settings.warm_start, recipe.name, home, store)
     return settings.model_copy(update={"warm_start": source.name if source else None}), source
 
 
-def find_source(ref: str, recipe_name: str, home: Path | None = None) -> Path | None:
-    """The earlier campaign's folder: `auto` (the latest finished campaign of this recipe name; None if
-    there is none), a campaign id or folder name under ATTUNE_HOME, or a campaign folder's path."""
+def find_source(ref: str, recipe_name: str, home: Path | None = None, store: str | None = None) -> Path | None:
+    """The earlier campaign's folder: `auto` (the latest finished campaign of this recipe name under
+    ATTUNE_HOME, else the latest in the recipe store `store`, copied under ATTUNE_HOME
+    (attune.campaign.store_campaigns); None if there is none), a campaign id or folder name under
+    ATTUNE_HOME, or a campaign folder's path."""
     if ref == "auto":
         done = [s for s in list_campaigns(home) if s.status == "done" and s.recipe == recipe_name]
-        return Path(done[0].directory) if done else None
+        return Path(done[0].directory) if done else store_campaigns.fetch(store, recipe_name, home)
     path = Path(ref)
     if ("/" in ref or ref.startswith(".")) and path.is_dir():
         if not (path / "state.json").is_file():

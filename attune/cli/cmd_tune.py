@@ -103,7 +103,7 @@ def _settings(args: argparse.Namespace):
     stack = make_stack(settings.stack, **settings.stack_options)
     make_planner(settings.planner, seed=settings.seed, disabled_rules=frozenset(settings.disabled_rules),
                  **settings.planner_options)
-    check_resumable(recipe, settings)
+    check_resumable(recipe, settings, store=getattr(args, "store", None))
     preflight = getattr(stack, "preflight", None)  # a stack that runs trials elsewhere checks it can
     if preflight is not None:
         preflight(recipe)

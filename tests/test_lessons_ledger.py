@@ -138,3 +138,25 @@ def test_a_finished_campaign_writes_the_ledger_and_the_next_one_starts_from_it(c
     assert all(r["campaigns"] <= 2 for r in payload["lessons"])
     text = cli("lessons", SEARCH, "--stack", "measured", check=True).stdout
     assert "2 campaign(s) in the ledger" in text and "dense <1B on cpu at 1-8 GPUs" in text
+
+
+def test_only_a_campaign_whose_planner_reads_lessons_copies_the_ledger(write_recipe, tmp_path, monkeypatch):
+    """The ledger is one object per earlier campaign (a GET each on S3): random search, bayes and the
+    estimator's top-k never read it, so their campaigns do not fetch it."""
+    from attune.campaign import engine, lessons_ledger
+    from attune.campaign.context import CampaignSettings
+    from attune.recipe import load_recipe
+    from tests.conftest import RECIPE_8B_H100
+    monkeypatch.setenv("ATTUNE_HOME", str(tmp_path))
+    store = tmp_path / "store"
+    ledger.write(LocalBlobs(store), CampaignMoves(campaign="earlier", at="", model="m", context=MOE_64, moves=[
+        Move(changes={MB: (2, 4)}, symptoms=["memory_headroom"], gain=0.1, sd=0.02)]))
+    recipe = load_recipe(write_recipe(RECIPE_8B_H100))
+    for planner, copies in (("attune", ["earlier"]), ("random", [])):
+        c = engine.open_campaign(recipe, CampaignSettings(budget_gpu_hours=500, planner=planner), home=tmp_path,
+                                 store=str(store))
+        try:
+            assert [e.campaign for e in lessons_ledger.load_snapshot(c.directory)] == copies, planner
+            assert [e.campaign for e in c.ledger] == copies
+        finally:
+            engine.close_campaign(c)

@@ -106,7 +106,8 @@ def open_campaign(recipe: Recipe, settings: CampaignSettings, home: Path | None 
                   store: str | None = None) -> Campaign:
     """Resume the campaign with the same identity or start a new one (the settings validated themselves;
     what needs the stack, a budget that pays for one baseline run, is checked here). A new campaign
-    keeps a copy of the lessons ledger of `store` (the default recipe store where None)."""
+    whose planner reads lessons keeps a copy of the lessons ledger of `store` (the default recipe
+    store where None)."""
     settings, source = warm_start.resolve(recipe, settings, home, store)
     stack = make_stack(settings.stack, **settings.stack_options)
     planner = make_planner(settings.planner, seed=settings.seed, disabled_rules=frozenset(settings.disabled_rules),
@@ -123,7 +124,8 @@ def open_campaign(recipe: Recipe, settings: CampaignSettings, home: Path | None 
     # read before the folder exists: an earlier campaign that cannot be used leaves nothing behind
     fresh = not (directory / "state.json").is_file()
     warm = warm_start.load(source, recipe) if source and fresh else None
-    ledger = lessons_ledger.read_store(store) if fresh and "lessons" not in settings.disabled_rules else None
+    reads = getattr(planner, "reads_lessons", False) and "lessons" not in settings.disabled_rules
+    ledger = lessons_ledger.read_store(store) if fresh and reads else None
     lock = _hold_lock(directory)
     path = directory / "state.json"
     try:

@@ -31,6 +31,7 @@ probes no float8 layout until the exact tier is done (exact-first).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 from scipy.stats import norm
@@ -107,6 +108,7 @@ class AttunePlanner:
     """See the module docstring. `stop_reason` says why propose() returned None."""
 
     name: str = "attune"
+    reads_lessons: ClassVar[bool] = True
     disabled: frozenset[str] = frozenset()
     lessons: list[Lesson] = field(default_factory=load_lessons)
     gp: ResidualGP = field(default_factory=ResidualGP)

@@ -65,6 +65,8 @@ class Proposal:
 
 class Planner(Protocol):
     name: str
+    # A planner that plans from the lessons (attune, llm) sets reads_lessons = True: only its campaigns read
+    # the store's lessons ledger at their start (one object per earlier campaign, a GET each on S3).
 
     def propose(self, view: PlannerView) -> Proposal | None:
         """The next trial, or None when the planner has nothing left worth measuring."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -50,6 +50,7 @@ class RefusedAnswer(Exception):
 @dataclass
 class LlmPlanner:
     name: str = "llm"
+    reads_lessons: ClassVar[bool] = True
     base_url: str | None = None
     model: str | None = None
     timeout_s: float = 60.0

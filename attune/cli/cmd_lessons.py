@@ -35,7 +35,6 @@ def _lessons(args: argparse.Namespace) -> int:
     entries, unreadable = ledger.read(store.blobs)
     context = None
     if args.recipe:
-        args.set = []
         context = context_of(recipe_from_args(args), args.stack)
     rows = []
     for lesson in load_lessons():

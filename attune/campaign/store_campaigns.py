@@ -56,7 +56,7 @@ def latest(store_uri: str | None, recipe_name: str) -> StoredCampaign | None:
     one are passed over."""
     from attune.store import open_store
     try:
-        prefix = key(recipe_name, "x").rsplit("/", 1)[0] + "/"
+        prefix = check_key(f"{PREFIX}{recipe_name}") + "/"
     except ValueError:
         return None
     blobs, found = open_store(store_uri).blobs, []

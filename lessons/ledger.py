@@ -18,6 +18,7 @@ from typing import Literal
 from pydantic import BaseModel, ValidationError
 
 from attune.levers import Scalar, layout_key
+from attune.store.base import stored
 
 PREFIX = "lessons/ledger/"
 SIZE_CLASSES = ((1e9, "<1B"), (10e9, "1-10B"), (100e9, "10-100B"), (math.inf, "100B+"))   # total parameters
@@ -81,12 +82,9 @@ def read(blobs) -> tuple[list[CampaignMoves], list[str]]:
     """Every campaign in the ledger, and the keys of objects that could not be read as one (a ledger
     another version wrote, a file edited by hand): listed, never fatal to a campaign."""
     entries, unreadable = [], []
-    for name in sorted(blobs.keys(PREFIX)):
-        found = blobs.read(name)
-        if found is None:   # removed between the listing and the read
-            continue
+    for name, data in stored(blobs, PREFIX):
         try:
-            entries.append(CampaignMoves.model_validate(json.loads(found[0])))
+            entries.append(CampaignMoves.model_validate(json.loads(data)))
         except (ValidationError, ValueError):
             unreadable.append(name)
     return entries, unreadable

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from attune.campaign.state import CampaignState, campaign_folder
 from attune.files import atomic_write_text
-from attune.store.base import check_key
+from attune.store.base import check_key, stored
 
 PREFIX = "campaigns/"
 
@@ -59,13 +59,10 @@ def latest(store_uri: str | None, recipe_name: str) -> StoredCampaign | None:
         prefix = check_key(f"{PREFIX}{recipe_name}") + "/"
     except ValueError:
         return None
-    blobs, found = open_store(store_uri).blobs, []
-    for name in blobs.keys(prefix):
-        data = blobs.read(name)
-        if data is None:   # removed between the listing and the read
-            continue
+    found = []
+    for _key, data in stored(open_store(store_uri).blobs, prefix):
         try:
-            row = StoredCampaign.model_validate(json.loads(data[0]))
+            row = StoredCampaign.model_validate(json.loads(data))
             CampaignState.model_validate(row.state)
         except (ValidationError, ValueError):
             continue

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from typing import Protocol
+from typing import Iterator, Protocol
 
 from pydantic import ValidationError
 
@@ -97,14 +97,8 @@ class RecipeStore:
         raise StoreError(self.location, f"{key}: gave up after {self.attempts} conflicting writes")
 
     def list(self) -> list[StoreEntry]:
-        entries = []
-        for key in sorted(self.blobs.keys(ENTRY_PREFIX)):
-            if not key.endswith("/entry.json"):
-                continue
-            found = self.blobs.read(key)
-            if found is not None:  # removed between listing and reading
-                entries.append(self._decode(key, found[0]))
-        return entries
+        return [self._decode(key, data) for key, data in stored(self.blobs, ENTRY_PREFIX)
+                if key.endswith("/entry.json")]
 
     def index(self) -> dict:
         """{"schema": 1, "entries": {key: summary row}}; an empty index when none was written yet."""
@@ -144,6 +138,15 @@ class RecipeStore:
             item = err.errors()[0]
             where = ".".join(map(str, item.get("loc", ()))) or "entry"
             raise StoreError(self.location, f"{key}: not a valid entry ({where}: {item['msg']})") from None
+
+
+def stored(blobs: Blobs, prefix: str) -> Iterator[tuple[str, bytes]]:
+    """Every object under `prefix`, in key order, as (key, data); one removed between the listing and
+    its read is passed over."""
+    for key in sorted(blobs.keys(prefix)):
+        found = blobs.read(key)
+        if found is not None:
+            yield key, found[0]
 
 
 def check_key(key: str) -> str:

@@ -16,6 +16,9 @@ another's.
     cpu-memory     seq128 -> seq128-tight: the same sweep, the memory per process cut so that it binds
     cpu-workload   seq128 -> seq512: 4x the sequence, a quarter of the batch (another real sweep)
     sim-h200       DeepSeek-V3 16B on 64 H100 -> 64 H200 (simulated, realistic world)
+    sim-compile    the same recipe and cluster after a stack upgrade that shifts one cost: the compiler
+                   keeps half of compile's gain (world realistic-compile-regression; the oracle stays,
+                   every compiled layout slows; added 2026-12-08, after the warm-start rule was chosen)
     sim-cluster    the same recipe on another simulated H100 cluster of the realistic world (its
                    departures from the estimator differ: a change that can reorder the layouts)
     sim-h200-qwen  Qwen3-30B-A3B on 128 H100 -> 128 H200 (simulated; added after the warm-start rule
@@ -61,6 +64,8 @@ SCENARIOS = {
     "cpu-workload": {"measured": True, "before": "seq128", "after": "seq512"},
     "sim-h200": {"measured": False, "before": {"cluster": None, "cluster_seed": 1},
                  "after": {"cluster": "h200:64", "cluster_seed": 1}},
+    "sim-compile": {"measured": False, "before": {"cluster": None, "cluster_seed": 1},
+                    "after": {"cluster": None, "cluster_seed": 1, "world": "realistic-compile-regression"}},
     "sim-cluster": {"measured": False, "before": {"cluster": None, "cluster_seed": 1},
                     "after": {"cluster": None, "cluster_seed": 2}},
     # run after the rule was chosen on the four above: a check it was not fitted to
@@ -87,7 +92,7 @@ class World:
         else:
             recipe = SIM_RECIPE.parent / spec["recipe"] if "recipe" in spec else SIM_RECIPE
             self.recipe_path, self.cluster = str(recipe), spec["cluster"]
-            self.options = {"cluster_seed": spec["cluster_seed"], "world": "realistic"}
+            self.options = {"cluster_seed": spec["cluster_seed"], "world": spec.get("world", "realistic")}
             self.stack = "sim"
         self.recipe = load_campaign_recipe(self.recipe_path, self.cluster)
         if not measured:

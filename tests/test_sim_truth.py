@@ -110,17 +110,38 @@ def test_the_pipeline_schedule_is_inert_without_a_pipeline():
 def test_worlds_leave_the_reference_cluster_alone_so_the_calibration_holds_in_each():
     """cluster_seed 0 is the reference the public points pin: the same effects in every world (the
     calibration test, tests/test_sim_calibration.py, reads it); siblings depart as far as the world says."""
-    from attune.sim.worlds import world_names
+    from attune.sim.worlds import world_names, world_shift
 
     r = RECIPES[1]
-    reference = {w: hidden_effects(r.cluster, r.stack, 0, w) for w in world_names()}
-    assert len(set(map(repr, reference.values()))) == 1
-    sibling = {w: hidden_effects(r.cluster, r.stack, 3, w) for w in world_names()}
+    departing = [w for w in world_names() if not world_shift(w)]   # a stack upgrade's world: the test below
+    reference = {w: hidden_effects(r.cluster, r.stack, 0, w) for w in departing}
+    assert len(reference) >= 3 and len(set(map(repr, reference.values()))) == 1
+    sibling = {w: hidden_effects(r.cluster, r.stack, 3, w) for w in departing}
     assert sibling["easy"] == hidden_effects(r.cluster, r.stack, 3, "easy")
     spread = {w: abs(np.log(fx.net_slow / sibling["easy"].net_slow)) + abs(np.log(fx.a2a_inter_slow /
                                                                                     sibling["easy"].a2a_inter_slow))
               for w, fx in sibling.items()}
     assert spread["easy"] == 0.0 < spread["realistic"] < spread["hard"]
+
+
+def test_a_stack_upgrade_world_shifts_one_cost_and_leaves_the_rest():
+    """realistic-compile-regression is the realistic world after a compiler release that keeps half of
+    compile's gain (benchmarks/bench_retune.py's sim-compile): compiled layouts slow down, eager ones
+    run exactly as before, on the reference and on a sibling alike."""
+    from dataclasses import replace
+
+    from attune.space import layout_of
+
+    r = _recipe("deepseek-v3-16b", "h100", 64, training__global_batch_size=128, compile__enable=True)
+    eager = layout_of(r, r.layout().levers() | {"compile.enable": False})
+    for seed in (0, 2):
+        before = hidden_effects(r.cluster, r.stack, seed, "realistic")
+        after = hidden_effects(r.cluster, r.stack, seed, "realistic-compile-regression")
+        assert replace(after, compile_gain=before.compile_gain, compile_gain_unpiped=before.compile_gain_unpiped) == before
+        assert after.compile_gain_unpiped == pytest.approx(min(1.0, before.compile_gain_unpiped * 0.5))
+        tps = {w: measure_many(r, [r.layout(), eager], seed, w)["tps"] for w in ("realistic", "realistic-compile-regression")}
+        assert tps["realistic-compile-regression"][0] < tps["realistic"][0]   # compiled: slower
+        assert tps["realistic-compile-regression"][1] == tps["realistic"][1]          # eager: the same
 
 
 def test_each_world_sets_how_far_the_estimator_misses():

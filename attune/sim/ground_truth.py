@@ -43,7 +43,7 @@ from attune.sim.calibration import Point
 from attune.sim.effects import Effects
 from attune.sim.estimator import STACK, as_arrays, recipe_hardware
 from attune.sim.stepmodel import SimResult, evaluate, fits_mask, result_at
-from attune.sim.worlds import DEFAULT_WORLD, world_scale
+from attune.sim.worlds import DEFAULT_WORLD, world_scale, world_shift
 from attune.spec import ClusterSpec, StackSpec
 
 _M1, _M2, _M3 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0x9E3779B97F4A7C15)
@@ -180,7 +180,27 @@ def hidden_effects(cluster: ClusterSpec, stack: StackSpec, cluster_seed: int = 0
                    world: str = DEFAULT_WORLD) -> HiddenEffects:
     """The cluster's hidden effects: the reference's at cluster_seed 0, a sibling's in `world` else."""
     seed = cluster_seed_of(cluster, stack, cluster_seed)
-    return _effects(seed) if int(cluster_seed) == 0 else _departed(seed, world_scale(world))
+    effects = _effects(seed) if int(cluster_seed) == 0 else _departed(seed, world_scale(world))
+    return _shifted(effects, world_shift(world))
+
+
+def _shifted(effects: HiddenEffects, shift: dict[str, float]) -> HiddenEffects:
+    """The effects with some multiplied (a world's stack upgrade); a share of compile's gain stays <= 1."""
+    if not shift:
+        return effects
+    changed = {}
+    for name, factor in shift.items():
+        value = getattr(effects, name)
+        if isinstance(value, dict):
+            changed[name] = {k: v * factor for k, v in value.items()}
+        else:
+            changed[name] = value * factor
+        if name == "compile_gain":
+            changed["compile_gain_unpiped"] = effects.compile_gain_unpiped * factor
+    if "compile_gain" in changed:
+        changed["compile_gain"] = {k: min(1.0, v) for k, v in changed["compile_gain"].items()}
+        changed["compile_gain_unpiped"] = min(1.0, changed["compile_gain_unpiped"])
+    return replace(effects, **changed)
 
 
 def noise_cv(cluster: ClusterSpec, stack: StackSpec, cluster_seed: int = 0) -> float:

@@ -18,12 +18,24 @@ def world_names() -> list[str]:
     return list(load_data("sim_hidden")["worlds"])
 
 
-def world_scale(name: str) -> float:
-    """The world's departure scale; InputError naming --world for an unknown one."""
+def _world(name: str):
     worlds = load_data("sim_hidden")["worlds"]
     if name not in worlds:
         raise InputError("--world", f"unknown world {name!r}; choose from {', '.join(worlds)}")
-    return float(worlds[name])
+    return worlds[name]
+
+
+def world_scale(name: str) -> float:
+    """The world's departure scale; InputError naming --world for an unknown one."""
+    world = _world(name)
+    return float(world["scale"] if isinstance(world, dict) else world)
+
+
+def world_shift(name: str) -> dict[str, float]:
+    """The hidden effects the world multiplies on every cluster, reference included (a stack upgrade
+    that shifts one cost); none for most worlds."""
+    world = _world(name)
+    return {k: float(v) for k, v in world.get("shift", {}).items()} if isinstance(world, dict) else {}
 
 
 def cluster_text(cluster_seed: int, world: str) -> str:

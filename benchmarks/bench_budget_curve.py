@@ -47,8 +47,21 @@ def run(shares: list[float], args: list[str], out: Path) -> dict[float, dict]:
         payload, seconds = bench([*args, "--budget-share", f"{share:g}"], folder)
         cells = json.loads((folder / "cells.json").read_text())
         runs[share] = {"payload": payload, "cells": cells, "seconds": seconds}
+        same_code(runs)
         print(f"[budget curve] {_frac(share)}: {len(cells)} campaigns in {seconds:.0f} s", file=sys.stderr, flush=True)
     return runs
+
+
+def same_code(runs: dict[float, dict]) -> None:
+    """Stop the curve once a share ran other code than the shares before it, or code that changed while it
+    ran (attune.bench.code): its cells would mix code versions, and a rerun of one could not reproduce it."""
+    codes = {share: r["payload"].get("code") or {} for share, r in runs.items()}
+    first = next(iter(codes.values())).get("digest")
+    for share, code in codes.items():
+        if code.get("changed_during_run") or code.get("digest") != first:
+            sys.exit(f"[budget curve] the code changed during the curve (share {_frac(share)}: {code.get('digest')} -> "
+                     f"{code.get('after')}, the first share's {first}): its shares ran different code; rerun it on "
+                     f"a checkout nobody edits meanwhile")
 
 
 def shippable(runs: dict[float, dict]) -> dict[tuple[str, int], float]:

@@ -107,7 +107,8 @@ def markdown(rows: list[dict], checks: list[dict], meta: dict, oracle: dict[str,
     parts = [f"## Tuner benchmark ({SIM})", "",
              f"{meta.get('campaigns', 0)} campaigns ({meta.get('seeds')} seeds each, every seed on its own simulated "
              f"cluster of the {meta.get('world', 'realistic')} world, shared by all planners), budget per recipe as "
-             f"shown, {meta.get('workers')} worker processes, {meta.get('seconds', 0):.0f} s wall.", "",
+             f"shown, {meta.get('workers')} worker processes, {meta.get('seconds', 0):.0f} s wall"
+             + (f"; code {meta['code']}" if meta.get("code") else "") + ".", "",
              main_table(rows)]
     if oracle:
         parts += ["", *oracle_lines(oracle)]

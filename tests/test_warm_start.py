@@ -225,3 +225,39 @@ def test_auto_takes_the_latest_finished_campaign_of_the_store_and_never_a_path_i
     assert again is not None and again.name == "r-bbb"
     assert [p.name for p in (tmp_path / "home2" / "campaigns").iterdir()] == ["r-bbb"]
     assert not (tmp_path / "escape").exists()
+
+
+def test_auto_takes_whichever_finished_later_of_this_machines_campaign_and_the_stores(tmp_path):
+    """A teammate's (or another worker's) re-tune that finished after this machine's last one is the
+    one `auto` starts from; an older one in the store is not, and the local one is used as it is."""
+    import os
+
+    from attune.campaign import store_campaigns
+    from attune.campaign.budget import Budget
+    from attune.campaign.state import CampaignState
+    from attune.campaign.warm_start import find_source
+    from attune.store import open_store
+    store, home = str(tmp_path / "store"), tmp_path / "home"
+
+    def state(cid: str) -> CampaignState:
+        return CampaignState(campaign_id=cid, recipe_toml='name = "r"\n', settings={},
+                             budget=Budget(total_gpu_hours=1.0)).model_copy(update={"phase": "done"})
+
+    local = home / "campaigns" / "r-mine"
+    local.mkdir(parents=True)
+    (local / "state.json").write_text(state("mine").model_dump_json())
+    finished = 1_796_000_000   # 2026-11-30: this machine's campaign finished then
+    os.utime(local / "state.json", (finished, finished))
+
+    def put(folder: str, when: str) -> None:
+        row = store_campaigns.StoredCampaign(campaign=folder, recipe="r", finished=when,
+                                             state=state(folder.removeprefix("r-")).model_dump(mode="json"))
+        open_store(store).blobs.write(store_campaigns.key("r", folder), row.model_dump_json().encode(), "application/json")
+
+    put("r-older", "2026-11-01T00:00:00+00:00")
+    assert find_source("auto", "r", home, store) == local
+    assert not (home / "campaigns" / "r-older").exists()
+    put("r-teammate", "2026-12-05T00:00:00+00:00")
+    picked = find_source("auto", "r", home, store)
+    assert picked == home / "campaigns" / "r-teammate" and (picked / "state.json").is_file()
+    assert find_source("auto", "r", home, store) == picked   # copied once; the copy is the latest now

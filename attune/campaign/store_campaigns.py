@@ -3,9 +3,9 @@
 A campaign's folder lives under the ATTUNE_HOME of the machine that ran it; a nightly re-tune on a
 fresh worker, or a teammate's re-tune, has none. So a finished campaign also leaves its state in the
 recipe store (a folder or S3 alike), one object written whole: `campaigns/<recipe name>/<campaign
-id>.json`, holding when it finished and its state. `--warm-start auto` looks under ATTUNE_HOME
-first; where no finished campaign of the recipe is there, it copies the latest finished one of the
-store into ATTUNE_HOME as a finished campaign folder, so every later look (the campaign's identity on
+id>.json`, holding when it finished and its state. `--warm-start auto` takes the latest finished campaign
+of the recipe under ATTUNE_HOME or in the store, whichever finished later; one of the store's it
+copies into ATTUNE_HOME as a finished campaign folder, so every later look (the campaign's identity on
 a resume, `attune campaigns`) finds it there, whatever the store holds by then.
 """
 
@@ -83,8 +83,12 @@ def _safe(folder_name: str, recipe_name: str) -> bool:
 def fetch(store_uri: str | None, recipe_name: str, home: Path | None = None) -> Path | None:
     """Copy the store's latest finished campaign of this recipe into ATTUNE_HOME; its folder, or None."""
     row = latest(store_uri, recipe_name)
-    if row is None:
-        return None
+    return copy_home(row, recipe_name, home) if row is not None else None
+
+
+def copy_home(row: StoredCampaign, recipe_name: str, home: Path | None = None) -> Path:
+    """A campaign of the store (from `latest`: its name is safe) as a finished campaign folder under
+    ATTUNE_HOME; one already there is left as it is."""
     cid = row.campaign.removeprefix(f"{recipe_name}-")
     folder = campaign_folder(recipe_name, cid, home)
     if not (folder / "state.json").is_file():

@@ -59,12 +59,17 @@ def resolve(recipe, settings: CampaignSettings, home: Path | None = None,
 
 def find_source(ref: str, recipe_name: str, home: Path | None = None, store: str | None = None) -> Path | None:
     """The earlier campaign's folder: `auto` (the latest finished campaign of this recipe name under
-    ATTUNE_HOME, else the latest in the recipe store `store`, copied under ATTUNE_HOME
-    (attune.campaign.store_campaigns); None if there is none), a campaign id or folder name under
-    ATTUNE_HOME, or a campaign folder's path."""
+    ATTUNE_HOME or in the recipe store `store`, whichever finished later; one of the store's is copied
+    under ATTUNE_HOME, attune.campaign.store_campaigns; None if there is none), a campaign id or
+    folder name under ATTUNE_HOME, or a campaign folder's path."""
     if ref == "auto":
         done = [s for s in list_campaigns(home) if s.status == "done" and s.recipe == recipe_name]
-        return Path(done[0].directory) if done else store_campaigns.fetch(store, recipe_name, home)
+        local = done[0] if done else None
+        # a teammate's or another worker's re-tune since this machine's last one: the store's is newer
+        stored = store_campaigns.latest(store, recipe_name)
+        if stored is not None and (local is None or (stored.campaign != local.id and stored.finished > local.updated)):
+            return store_campaigns.copy_home(stored, recipe_name, home)
+        return Path(local.directory) if local else None
     path = Path(ref)
     if ("/" in ref or ref.startswith(".")) and path.is_dir():
         if not (path / "state.json").is_file():

@@ -299,17 +299,19 @@ def main() -> int:
     if unknown:
         p.error(f"unknown world(s) {', '.join(unknown)}; worlds: {', '.join(worlds)}")
     say = (lambda text: print(text, file=sys.stderr, flush=True)) if a.json else print
+    from attune.bench.code import watched
     scores = []
-    for name in names:
-        if a.step == "campaigns":
-            campaigns(out, worlds[name], a.budget, a.seeds, planners, say)
-        if a.json:
-            with contextlib.redirect_stdout(sys.stderr):
+    with watched() as code:   # the campaigns import the planner as they go: an edit meanwhile is said
+        for name in names:
+            if a.step == "campaigns":
+                campaigns(out, worlds[name], a.budget, a.seeds, planners, say)
+            if a.json:
+                with contextlib.redirect_stdout(sys.stderr):
+                    scores.append(report(out, worlds[name], a.budget))
+            else:
                 scores.append(report(out, worlds[name], a.budget))
-        else:
-            scores.append(report(out, worlds[name], a.budget))
     if a.json:
-        print(json.dumps({"worlds": scores}, indent=1))
+        print(json.dumps({"worlds": scores, "code": code}, indent=1))
     return 0
 
 

@@ -170,11 +170,13 @@ def main() -> int:
     from attune.cli.common import quiet_local_prefect
     quiet_local_prefect()   # the ephemeral API's first start on a fresh machine takes longer than Prefect waits
     say = (lambda text: print(text, file=sys.stderr, flush=True)) if args.json else print
-    results = ([] if args.no_cpu else cpu(args.out, args.seeds, say)) + (sim(args.out, args.seeds, say) if args.sim else [])
+    from attune.bench.code import watched
+    with watched() as code:   # an edit while the campaigns run is said, and recorded
+        results = ([] if args.no_cpu else cpu(args.out, args.seeds, say)) + (sim(args.out, args.seeds, say) if args.sim else [])
     (args.out / "results.json").parent.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps({"worlds": results}, indent=1))
+    (args.out / "results.json").write_text(json.dumps({"worlds": results, "code": code}, indent=1))
     if args.json:
-        print(json.dumps({"worlds": results}))
+        print(json.dumps({"worlds": results, "code": code}))
     else:
         print(table(results))
     return 0

@@ -205,9 +205,11 @@ def main() -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     say = (lambda text: print(text, file=sys.stderr, flush=True))
-    results = [summarize(name, run(name, args.seeds, args.out, say)) for name in names]
-    (args.out / "results.json").write_text(json.dumps({"scenarios": results}, indent=1))
-    print(json.dumps({"scenarios": results}, indent=1) if args.json else table(results))
+    from attune.bench.code import watched
+    with watched() as code:   # an edit while the campaigns run is said, and recorded
+        results = [summarize(name, run(name, args.seeds, args.out, say)) for name in names]
+    (args.out / "results.json").write_text(json.dumps({"scenarios": results, "code": code}, indent=1))
+    print(json.dumps({"scenarios": results, "code": code}, indent=1) if args.json else table(results))
     return 0
 
 

@@ -3,7 +3,7 @@ edited source, another one (a benchmark during which it changed says so)."""
 
 import sys
 
-from attune.bench.code import code_digest
+from attune.bench.code import code_digest, watched
 
 
 def _package(tmp_path, name, text):
@@ -31,3 +31,16 @@ def test_the_digest_follows_the_sources_and_nothing_else(tmp_path, monkeypatch):
 
 def test_the_default_digest_covers_the_packages_installed_beside_attune():
     assert len(code_digest()) == 16
+
+
+def test_a_benchmark_watched_while_its_code_is_edited_says_so(tmp_path, monkeypatch, capsys):
+    root = _package(tmp_path, "watched_pkg", "ALONE = False\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("watched_pkg", None)
+    with watched(("watched_pkg",)) as quiet:
+        pass
+    assert quiet["changed_during_run"] is False and quiet["after"] == quiet["digest"]
+    with watched(("watched_pkg",)) as edited:
+        (root / "rules.py").write_text("ALONE = True\n")
+    assert edited["changed_during_run"] is True and edited["after"] != edited["digest"]
+    assert "the code changed while the benchmark ran" in capsys.readouterr().err

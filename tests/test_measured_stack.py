@@ -154,7 +154,9 @@ def test_the_cpu_benchmark_reports_every_world_as_json():
                           "seq128,seq128-tight", "--json", "--out", str(REPO / ".attune" / "test-cpu-report")],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    worlds = json.loads(out.stdout)["worlds"]
+    payload = json.loads(out.stdout)
+    worlds = payload["worlds"]
+    assert payload["code"]["changed_during_run"] is False and len(payload["code"]["digest"]) == 16
     assert [w["name"] for w in worlds] == ["seq128", "seq128-tight"]
     assert all(w["oracle_gain"] > 1.0 and w["planners"] == {} and w["frozen"] is False for w in worlds)
     assert "measured oracle" in out.stderr

@@ -15,7 +15,10 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import sys
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 PACKAGES = ("attune", "attune.gate", "attune.lessons", "attune.tasks", "attune.flows")
 SUFFIXES = (".py", ".toml")
@@ -39,3 +42,17 @@ def code_digest(packages: tuple[str, ...] = PACKAGES) -> str:
                 digest.update(f"{name}/{path.relative_to(root).as_posix()}\0".encode())
                 digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
+
+
+@contextmanager
+def watched(packages: tuple[str, ...] = PACKAGES) -> Iterator[dict]:
+    """Around a benchmark that runs its campaigns in this process (the CPU benchmark, the re-tunes,
+    the lessons): yields {"digest"}, and adds "after" and "changed_during_run" when the block ends,
+    with a warning on stderr if they differ (a module imported late would have run the edit)."""
+    record = {"digest": code_digest(packages)}
+    yield record
+    after = code_digest(packages)
+    record.update(after=after, changed_during_run=after != record["digest"])
+    if after != record["digest"]:
+        print(f"[bench] WARNING: the code changed while the benchmark ran (digest {record['digest']} -> {after}): "
+              f"rerun it on a checkout nobody edits", file=sys.stderr, flush=True)

@@ -1,6 +1,7 @@
 """The budget curve: every planner at 1/8, 1/4, 1/2 and 1x the convention budget (issue 27).
 
-    .venv/bin/python benchmarks/bench_budget_curve.py                    # 5 recipes x 7 planners x 5 seeds x 4 budgets
+    .venv/bin/python benchmarks/bench_budget_curve.py --plot docs/img/bench-budget-curve.png   # the docs' curve:
+                                                                         # 5 recipes x 7 planners x 5 seeds x 4 budgets
     .venv/bin/python benchmarks/bench_budget_curve.py --seeds 2 --shares 0.25,1 --planners attune,estimator-topk
 
 The recipes and planners of benchmarks/bench_tuners.py (the four MoE recipes at 64-256 GPUs and the
@@ -223,7 +224,8 @@ def main() -> int:
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--world", default="realistic")
     p.add_argument("--out", default=str(REPO / ".attune" / "bench-budget-curve"))
-    p.add_argument("--plot", default=str(REPO / "docs" / "img" / "bench-budget-curve.png"))
+    p.add_argument("--plot", help="where the plot goes (default: budget-curve.png under --out; the docs' figure is "
+                                  "docs/img/bench-budget-curve.png, from a run of every planner and share)")
     p.add_argument("--workers", type=int)
     p.add_argument("--reuse", action="store_true", help="tabulate the runs already under --out, run nothing")
     a = p.parse_args()
@@ -253,7 +255,7 @@ def main() -> int:
     print("\n### Targets\n")
     for line in targets(table):
         print(f"- {line}")
-    print(f"\nplot: {plot(table, Path(a.plot))}; rows: {out / 'budget-curve.json'}; {time.monotonic() - started:.0f} s")
+    print(f"\nplot: {plot(table, Path(a.plot) if a.plot else out / 'budget-curve.png')}; rows: {out / 'budget-curve.json'}; {time.monotonic() - started:.0f} s")
     return 0
 
 

@@ -26,7 +26,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from attune.bench import report
-from attune.bench.code import code_digest
+from attune.bench.code import watched
 from attune.bench.request import (BenchCell, BenchRecipe, bench_cells, bench_recipes, oracle_key, parse_planners,
                                   write_tuned_recipe)
 from attune.bench.summary import public_rows, summarize
@@ -94,36 +94,33 @@ def tuner_benchmark(recipes: list[str], planners: str = "attune,random,bayes,est
                     gate_cache: str | None = None, mlflow_uri: str | None = None,
                     quiet: bool = False) -> dict[str, Any]:
     started = time.monotonic()
-    code = code_digest()   # the sources the workers will import (again after the last campaign: the same?)
-    variants = parse_planners(planners, disabled_rules, ablations)
-    bench = bench_recipes(recipes, cluster, model_spec, budget_gpu_hours, budget_share)
-    bench_cells(bench, variants, seeds, steps_per_trial, replicates, gate_steps, gate_seed, world)  # refuse early
-    out_dir = _out_dir(out)
-    homes = out_dir / "work"
-    shutil.rmtree(homes, ignore_errors=True)   # a re-run measures afresh, never resumes old campaigns
-    workers = max(1, min(workers or pool.default_workers(), len(bench) * len(variants) * seeds))
+    with watched() as code:   # the sources the workers will import, and again after the last campaign
+        variants = parse_planners(planners, disabled_rules, ablations)
+        bench = bench_recipes(recipes, cluster, model_spec, budget_gpu_hours, budget_share)
+        bench_cells(bench, variants, seeds, steps_per_trial, replicates, gate_steps, gate_seed, world)  # refuse early
+        out_dir = _out_dir(out)
+        homes = out_dir / "work"
+        shutil.rmtree(homes, ignore_errors=True)   # a re-run measures afresh, never resumes old campaigns
+        workers = max(1, min(workers or pool.default_workers(), len(bench) * len(variants) * seeds))
 
-    pool.open_pool(workers, homes, pool.current_prefect_api(), Path(gate_cache).resolve() if gate_cache else None)
-    try:
-        clusters, oracle = runnable_clusters(bench, seeds, world)
-        tuned = {key: tuned_recipe(r, oracle[key], out_dir / "tuned-recipes")
-                 for r in bench if r.tuned for c in clusters[r.label] for key in [oracle_key(r.label, c)]}
-        cells = bench_cells(bench, variants, seeds, steps_per_trial, replicates, gate_steps, gate_seed, world, clusters,
-                            tuned)
-        cell_futures = [campaign_cell.submit(c, len(cells), started, quiet) for c in cells]
-        rows_in = [f.result() for f in cell_futures]
-    finally:
-        pool.close_pool()
-    code_after = code_digest()
-    if code_after != code:
-        print(f"[bench] WARNING: the code changed while the benchmark ran (digest {code} -> {code_after}): its "
-              f"campaigns may have run different code; rerun it on a checkout nobody edits", file=sys.stderr, flush=True)
+        pool.open_pool(workers, homes, pool.current_prefect_api(), Path(gate_cache).resolve() if gate_cache else None)
+        try:
+            clusters, oracle = runnable_clusters(bench, seeds, world)
+            tuned = {key: tuned_recipe(r, oracle[key], out_dir / "tuned-recipes")
+                     for r in bench if r.tuned for c in clusters[r.label] for key in [oracle_key(r.label, c)]}
+            cells = bench_cells(bench, variants, seeds, steps_per_trial, replicates, gate_steps, gate_seed, world,
+                                clusters, tuned)
+            cell_futures = [campaign_cell.submit(c, len(cells), started, quiet) for c in cells]
+            rows_in = [f.result() for f in cell_futures]
+        finally:
+            pool.close_pool()
 
     rows = summarize(rows_in, oracle)
     checks = check_targets(rows, world=world)
     seconds = time.monotonic() - started
     meta = {"campaigns": len(cells), "seeds": seeds, "workers": workers, "seconds": seconds, "world": world,
-            "code": code if code_after == code else f"{code} -> {code_after} (CHANGED during the run)"}
+            "code": code["digest"] if not code["changed_during_run"]
+            else f"{code['digest']} -> {code['after']} (CHANGED during the run)"}
     markdown = report.markdown(rows, checks, meta, oracle)
     out_dir.mkdir(parents=True, exist_ok=True)
     payload = {"results": public_rows(rows), "targets": checks, "oracle": oracle, "simulated": True,
@@ -131,7 +128,7 @@ def tuner_benchmark(recipes: list[str], planners: str = "attune,random,bayes,est
                             "seeds": seeds, "world": world, "clusters": clusters,
                             "steps_per_trial": steps_per_trial, "replicates": replicates,
                             "gate_seed": gate_seed, "workers": workers},
-               "code": {"digest": code, "after": code_after, "changed_during_run": code_after != code},
+               "code": code,
                "seconds": seconds, "out": str(out_dir)}
     files = [out_dir / "results.json", out_dir / "results.md", out_dir / "cells.json"]
     files[0].write_text(json.dumps(payload, indent=1, default=str))

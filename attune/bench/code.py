@@ -46,7 +46,7 @@ def code_digest(packages: tuple[str, ...] = PACKAGES) -> str:
 
 @contextmanager
 def watched(packages: tuple[str, ...] = PACKAGES) -> Iterator[dict]:
-    """Around a benchmark that runs its campaigns in this process (the CPU benchmark, the re-tunes,
+    """Around a benchmark's campaigns (`attune bench`'s worker pool, the CPU benchmark, the re-tunes,
     the lessons): yields {"digest"}, and adds "after" and "changed_during_run" when the block ends,
     with a warning on stderr if they differ (a module imported late would have run the edit)."""
     record = {"digest": code_digest(packages)}

@@ -156,7 +156,6 @@ def _departed(seed: int, scale: float) -> HiddenEffects:
 
     f = {name: float(np.exp(log_factor(name, z[name]))) for name in _DEPARTURES}
     gemm_class = tuple(float(x) for x in np.exp(log_factor("gemm_class", z_gemm)))
-    keep = lambda x: float(min(1.0, x))  # noqa: E731 - a cluster never keeps more of compile's gain than all of it
     return replace(
         base,
         net_slow=base.net_slow * f["network"], nvlink_slow=base.nvlink_slow * f["nvlink"],
@@ -165,9 +164,9 @@ def _departed(seed: int, scale: float) -> HiddenEffects:
         ep_exposed=base.ep_exposed * f["ep_exposed"], tp_exposed=base.tp_exposed * f["tp_exposed"],
         pp_exposed=base.pp_exposed * f["pp_exposed"], sac_recompute=base.sac_recompute * f["sac_recompute"],
         launch_slow=base.launch_slow * f["launch"],
-        compile_gain={s: keep(base.compile_gain[s] * np.exp(log_factor("compile_gain", z_compile[i])))
+        compile_gain={s: _kept(base.compile_gain[s] * np.exp(log_factor("compile_gain", z_compile[i])))
                       for i, s in enumerate(SCHEDULES)},
-        compile_gain_unpiped=keep(base.compile_gain_unpiped * f["compile_gain"]),
+        compile_gain_unpiped=_kept(base.compile_gain_unpiped * f["compile_gain"]),
         bubble_slow={s: base.bubble_slow[s] * float(np.exp(log_factor("bubble", z_bubble[i])))
                      for i, s in enumerate(SCHEDULES)},
         activation_memory=base.activation_memory * f["activation_memory"],
@@ -185,23 +184,21 @@ def hidden_effects(cluster: ClusterSpec, stack: StackSpec, cluster_seed: int = 0
 
 
 def _shifted(effects: HiddenEffects, shift: dict[str, float]) -> HiddenEffects:
-    """The effects with some multiplied (a world's stack upgrade); a share of compile's gain stays <= 1."""
-    if not shift:
-        return effects
+    """The effects with some multiplied (a world's stack upgrade; a per-schedule effect on every schedule).
+    Compile's gain moves with and without a pipeline alike, and a share of it stays <= 1."""
     changed = {}
     for name, factor in shift.items():
         value = getattr(effects, name)
-        if isinstance(value, dict):
-            changed[name] = {k: v * factor for k, v in value.items()}
-        else:
-            changed[name] = value * factor
-        if name == "compile_gain":
-            changed["compile_gain_unpiped"] = effects.compile_gain_unpiped * factor
-    if "compile_gain" in changed:
-        changed["compile_gain"] = {k: min(1.0, v) for k, v in changed["compile_gain"].items()}
-        changed["compile_gain_unpiped"] = min(1.0, changed["compile_gain_unpiped"])
-    return replace(effects, **changed)
+        changed[name] = {k: v * factor for k, v in value.items()} if isinstance(value, dict) else value * factor
+    if "compile_gain" in shift:
+        changed["compile_gain"] = {k: _kept(v) for k, v in changed["compile_gain"].items()}
+        changed["compile_gain_unpiped"] = _kept(effects.compile_gain_unpiped * shift["compile_gain"])
+    return replace(effects, **changed) if changed else effects
 
+
+def _kept(share: float) -> float:
+    """A cluster never keeps more of compile's gain than all of it."""
+    return float(min(1.0, share))
 
 def noise_cv(cluster: ClusterSpec, stack: StackSpec, cluster_seed: int = 0) -> float:
     lo, hi = load_data("sim_hidden")["noise"]["cv"]
